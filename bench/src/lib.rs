@@ -1,1 +1,2 @@
 //! stub
+pub mod engine;

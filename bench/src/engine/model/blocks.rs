@@ -1,0 +1,526 @@
+//! KV block manager: an active pool (refcounted), an inactive LRU pool of cached full blocks,
+//! and free space. Source: `engine-model.md` §2, vLLM V1 `KVCacheManager` / `BlockPool`,
+//! Dynamo mocker `KvManager`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Opaque engine hash of one *full* block, chained over the whole prefix up to and including
+/// the block. Deliberately unrelated to the router's own block keys (`engine-model.md` §1
+/// `hash_algo`), so the router has to treat it as an opaque handle.
+pub type BlockHash = u64;
+
+/// Seed of [`hash_block`]: the ASCII bytes `kvengine`, so engine hashes differ from any
+/// router hash over the same tokens.
+const HASH_SEED: u64 = u64::from_be_bytes(*b"kvengine");
+
+/// Hash of a full block: xxh3-64 over the parent hash (8 bytes LE, omitted at the root)
+/// followed by the block's token ids (4 bytes LE each), seeded with `"kvengine"`.
+/// `tokens` is exactly one block (`block_size` tokens). Deterministic across runs and
+/// platforms. Source: vLLM chains `hash(parent, tokens, extra)`; the function is our own.
+pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+    let mut bytes = Vec::with_capacity(8 + 4 * tokens.len());
+    if let Some(p) = parent {
+        bytes.extend_from_slice(&p.to_le_bytes());
+    }
+    for t in tokens {
+        bytes.extend_from_slice(&t.to_le_bytes());
+    }
+    xxh3_64_with_seed(&bytes, HASH_SEED)
+}
+
+/// Appends to `hashes` the chained hashes of the full blocks of `tokens` not yet hashed:
+/// afterwards `hashes.len() == tokens.len() / block_size`. `hashes` must already hold the
+/// hashes of a prefix of `tokens` (as returned by earlier calls).
+pub fn extend_block_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], block_size: usize) {
+    let full = tokens.len() / block_size;
+    while hashes.len() < full {
+        let i = hashes.len();
+        let parent = i.checked_sub(1).map(|p| hashes[p]);
+        hashes.push(hash_block(
+            parent,
+            &tokens[i * block_size..(i + 1) * block_size],
+        ));
+    }
+}
+
+/// A change to the set of cached full blocks, collected per step so a later stage can publish
+/// them as KV events (`engine-model.md` §5, vLLM `BlockStored` / `BlockRemoved` /
+/// `AllBlocksCleared`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlockEvent {
+    /// Consecutive blocks of one request became full and were inserted into the cache.
+    /// `parent` is the block before `hashes[0]` in that request, `None` at sequence start
+    /// (never 0). `token_ids` holds exactly those blocks' tokens
+    /// (`hashes.len() × block_size` tokens).
+    Stored {
+        /// Hash of the block preceding the first stored block; `None` for a root store.
+        parent: Option<BlockHash>,
+        /// Hashes of the newly stored blocks, in sequence order.
+        hashes: Vec<BlockHash>,
+        /// Token ids of the stored blocks, concatenated.
+        token_ids: Vec<u32>,
+    },
+    /// Cached blocks evicted from the inactive pool to make room (one hash per eviction).
+    Removed {
+        /// Hashes of the evicted blocks, in eviction order.
+        hashes: Vec<BlockHash>,
+    },
+    /// Every cached block was dropped (`POST /reset_prefix_cache`).
+    AllCleared,
+}
+
+/// Not enough free or evictable blocks for an allocation; nothing was changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfBlocks {
+    /// Blocks asked for.
+    pub requested: usize,
+    /// Blocks that were free or evictable.
+    pub available: usize,
+}
+
+/// Inactive pool: cached full blocks with refcount 0, ordered least recently released first.
+#[derive(Debug, Default)]
+struct Lru {
+    stamp_of: HashMap<BlockHash, u64>,
+    by_stamp: BTreeMap<u64, BlockHash>,
+    next_stamp: u64,
+}
+
+impl Lru {
+    fn len(&self) -> usize {
+        self.stamp_of.len()
+    }
+    fn contains(&self, h: BlockHash) -> bool {
+        self.stamp_of.contains_key(&h)
+    }
+    fn push_tail(&mut self, h: BlockHash) {
+        let s = self.next_stamp;
+        self.next_stamp += 1;
+        let old = self.stamp_of.insert(h, s);
+        debug_assert!(old.is_none(), "block pushed twice to the inactive pool");
+        self.by_stamp.insert(s, h);
+    }
+    fn remove(&mut self, h: BlockHash) -> bool {
+        match self.stamp_of.remove(&h) {
+            Some(s) => {
+                self.by_stamp.remove(&s);
+                true
+            }
+            None => false,
+        }
+    }
+    fn pop_head(&mut self) -> Option<BlockHash> {
+        let (_, h) = self.by_stamp.pop_first()?;
+        self.stamp_of.remove(&h);
+        Some(h)
+    }
+    fn clear(&mut self) -> usize {
+        let n = self.len();
+        self.stamp_of.clear();
+        self.by_stamp.clear();
+        n
+    }
+    fn iter_lru(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.by_stamp.values().copied()
+    }
+}
+
+/// Block manager of one engine rank.
+///
+/// Capacity is `num_gpu_blocks` blocks of `block_size` tokens. A block is in exactly one of:
+/// the **active** pool (full block, keyed by hash, refcount ≥ 1), **private** (a partial or
+/// not-yet-filled block owned by one request; counted, never hashed or cached), the
+/// **inactive** pool (full cached block, refcount 0, evictable, LRU order) or free space.
+///
+/// # Invariants
+/// 1. `active` and `inactive` are disjoint (a hash is cached at most once: identical full
+///    blocks are merged).
+/// 2. Every refcount in `active` is ≥ 1.
+/// 3. `active.len() + private + inactive.len() ≤ num_gpu_blocks`.
+/// 4. The inactive pool's two indexes agree (same hashes, one stamp each).
+///
+/// Refcounts matching the requests that hold blocks is checked one level up, by
+/// `Scheduler::check_invariants`.
+#[derive(Debug)]
+pub struct BlockManager {
+    block_size: usize,
+    num_gpu_blocks: usize,
+    active: HashMap<BlockHash, u32>,
+    private: usize,
+    inactive: Lru,
+    evicted_total: u64,
+    stored_total: u64,
+}
+
+impl BlockManager {
+    /// Empty manager: `num_gpu_blocks` free blocks of `block_size` tokens.
+    ///
+    /// # Panics
+    /// If `block_size` or `num_gpu_blocks` is 0 (validated earlier by `EngineCore::new`).
+    pub fn new(block_size: usize, num_gpu_blocks: usize) -> Self {
+        assert!(block_size > 0 && num_gpu_blocks > 0, "empty block manager");
+        Self {
+            block_size,
+            num_gpu_blocks,
+            active: HashMap::new(),
+            private: 0,
+            inactive: Lru::default(),
+            evicted_total: 0,
+            stored_total: 0,
+        }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Capacity in blocks.
+    pub fn num_gpu_blocks(&self) -> usize {
+        self.num_gpu_blocks
+    }
+
+    /// Blocks held by requests (active full blocks + private blocks).
+    pub fn num_used(&self) -> usize {
+        self.active.len() + self.private
+    }
+
+    /// Cached evictable blocks (inactive pool).
+    pub fn num_inactive(&self) -> usize {
+        self.inactive.len()
+    }
+
+    /// Blocks that can be handed out now: free space plus evictable cached blocks.
+    pub fn num_available(&self) -> usize {
+        self.num_gpu_blocks - self.num_used()
+    }
+
+    /// Used fraction of KV blocks, 0–1: `(active + private) / num_gpu_blocks`. Cached
+    /// evictable blocks count as free, as in vLLM V1 `BlockPool::get_usage`
+    /// (`vllm:kv_cache_usage_perc`).
+    pub fn usage(&self) -> f64 {
+        self.num_used() as f64 / self.num_gpu_blocks as f64
+    }
+
+    /// Cached full blocks (active + inactive).
+    pub fn num_cached(&self) -> usize {
+        self.active.len() + self.inactive.len()
+    }
+
+    /// Blocks evicted since start (each produced one hash in a [`BlockEvent::Removed`]).
+    pub fn evicted_total(&self) -> u64 {
+        self.evicted_total
+    }
+
+    /// Blocks inserted into the cache since start (each in one [`BlockEvent::Stored`]).
+    pub fn stored_total(&self) -> u64 {
+        self.stored_total
+    }
+
+    /// Whether the full block `h` is cached (active or inactive).
+    pub fn is_cached(&self, h: BlockHash) -> bool {
+        self.active.contains_key(&h) || self.inactive.contains(h)
+    }
+
+    /// Refcount of `h` (0 when inactive or absent).
+    pub fn refcount(&self, h: BlockHash) -> u32 {
+        self.active.get(&h).copied().unwrap_or(0)
+    }
+
+    /// Inactive hashes from LRU head (next to evict) to tail.
+    pub fn inactive_lru(&self) -> Vec<BlockHash> {
+        self.inactive.iter_lru().collect()
+    }
+
+    /// Prefix lookup for a prompt of `num_tokens` tokens whose full-block hashes are `hashes`:
+    /// the number of leading blocks cached (active ∪ inactive), stopping at the first miss and
+    /// capped at `⌊(num_tokens − 1) / block_size⌋` blocks, because the last prompt token is
+    /// always recomputed to get logits. Pure: no refcount or LRU change.
+    /// Source: `engine-model.md` §2, vLLM `KVCacheManager::get_computed_blocks`.
+    pub fn lookup_prefix(&self, hashes: &[BlockHash], num_tokens: usize) -> usize {
+        let cap = num_tokens.saturating_sub(1) / self.block_size;
+        hashes
+            .iter()
+            .take(cap)
+            .take_while(|h| self.is_cached(**h))
+            .count()
+    }
+
+    /// How many of `hashes` (all cached) sit in the inactive pool, i.e. would leave the
+    /// evictable pool if taken.
+    pub fn count_inactive(&self, hashes: &[BlockHash]) -> usize {
+        hashes
+            .iter()
+            .filter(|h| self.inactive.contains(**h))
+            .count()
+    }
+
+    /// Takes the cached blocks `hashes` for a request: refcount + 1 for active ones, inactive
+    /// ones move to the active pool with refcount 1.
+    ///
+    /// # Panics
+    /// If a hash is not cached (callers pass the result of [`Self::lookup_prefix`]).
+    pub fn take_cached(&mut self, hashes: &[BlockHash]) {
+        for &h in hashes {
+            self.acquire(h);
+            assert!(
+                self.active.contains_key(&h),
+                "take_cached: block not cached"
+            );
+        }
+    }
+
+    /// refcount + 1 if `h` is cached (moving it out of the inactive pool); false if absent.
+    fn acquire(&mut self, h: BlockHash) -> bool {
+        if let Some(rc) = self.active.get_mut(&h) {
+            *rc += 1;
+            true
+        } else if self.inactive.remove(h) {
+            self.active.insert(h, 1);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Allocates `n` private blocks: free space first, then evicting the inactive LRU head.
+    /// Evicted hashes are appended to `events` as one [`BlockEvent::Removed`].
+    ///
+    /// # Errors
+    /// [`OutOfBlocks`] when fewer than `n` blocks are free or evictable; nothing changes.
+    pub fn allocate_private(
+        &mut self,
+        n: usize,
+        events: &mut Vec<BlockEvent>,
+    ) -> Result<(), OutOfBlocks> {
+        let available = self.num_available();
+        if n > available {
+            return Err(OutOfBlocks {
+                requested: n,
+                available,
+            });
+        }
+        let free = available - self.inactive.len();
+        let mut removed = Vec::new();
+        for _ in free..n {
+            let h = self.inactive.pop_head().expect("counted as available");
+            removed.push(h);
+        }
+        self.evicted_total += removed.len() as u64;
+        if !removed.is_empty() {
+            events.push(BlockEvent::Removed { hashes: removed });
+        }
+        self.private += n;
+        Ok(())
+    }
+
+    /// A private block of a request just became full with hash `h`. If `h` is already cached
+    /// the private block is freed and the cached one taken instead (merge, refcount + 1);
+    /// otherwise the block enters the active pool with refcount 1. Returns true when the block
+    /// is newly stored (the caller reports it in a [`BlockEvent::Stored`]).
+    ///
+    /// # Panics
+    /// If no private block is allocated.
+    pub fn fill_private(&mut self, h: BlockHash) -> bool {
+        assert!(self.private > 0, "fill_private without a private block");
+        self.private -= 1;
+        if self.acquire(h) {
+            false
+        } else {
+            self.active.insert(h, 1);
+            self.stored_total += 1;
+            true
+        }
+    }
+
+    /// Releases one request's blocks: its `private` blocks are discarded, then its full
+    /// blocks `full` (in sequence order) get refcount − 1 **tail first**; a block reaching 0
+    /// moves to the inactive tail, so the request's suffix is evicted before its prefix.
+    /// Source: vLLM V1 `KVCacheManager::free` (reversed order).
+    ///
+    /// # Panics
+    /// If a hash is not active or more private blocks are released than allocated.
+    pub fn release(&mut self, full: &[BlockHash], private: usize) {
+        assert!(
+            self.private >= private,
+            "released more private blocks than held"
+        );
+        self.private -= private;
+        for &h in full.iter().rev() {
+            let rc = self.active.get_mut(&h).expect("released block not active");
+            *rc -= 1;
+            if *rc == 0 {
+                self.active.remove(&h);
+                self.inactive.push_tail(h);
+            }
+        }
+    }
+
+    /// Drops every inactive cached block. Returns how many were dropped, or `None` (refused,
+    /// nothing changed) while any request holds blocks, as vLLM does.
+    pub fn reset(&mut self) -> Option<usize> {
+        if self.num_used() > 0 {
+            return None;
+        }
+        Some(self.inactive.clear())
+    }
+
+    /// Checks invariants 1–4; the error names the broken one.
+    #[cfg(test)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for h in self.active.keys() {
+            if self.inactive.contains(*h) {
+                return Err(format!("1: block {h:#x} both active and inactive"));
+            }
+        }
+        if let Some((h, _)) = self.active.iter().find(|(_, rc)| **rc == 0) {
+            return Err(format!("2: active block {h:#x} has refcount 0"));
+        }
+        let used = self.active.len() + self.private + self.inactive.len();
+        if used > self.num_gpu_blocks {
+            return Err(format!("3: {used} blocks in use > {}", self.num_gpu_blocks));
+        }
+        if self.inactive.stamp_of.len() != self.inactive.by_stamp.len()
+            || self
+                .inactive
+                .by_stamp
+                .iter()
+                .any(|(s, h)| self.inactive.stamp_of.get(h) != Some(s))
+        {
+            return Err("4: inactive LRU indexes disagree".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(n: usize, salt: u32) -> (Vec<u32>, Vec<BlockHash>) {
+        let tokens: Vec<u32> = (0..(n * 16) as u32).map(|t| t * 7 + salt).collect();
+        let mut hashes = Vec::new();
+        extend_block_hashes(&mut hashes, &tokens, 16);
+        (tokens, hashes)
+    }
+
+    /// Stores `hashes` as one request's full blocks (allocate + fill).
+    fn store(bm: &mut BlockManager, hashes: &[BlockHash]) {
+        let mut ev = Vec::new();
+        bm.allocate_private(hashes.len(), &mut ev).unwrap();
+        for &h in hashes {
+            bm.fill_private(h);
+        }
+    }
+
+    #[test]
+    fn hash_chain_is_per_block_and_depends_on_parent() {
+        let (tokens, hashes) = chain(3, 0);
+        assert_eq!(hashes.len(), 3);
+        assert_eq!(hashes[0], hash_block(None, &tokens[..16]));
+        assert_eq!(hashes[1], hash_block(Some(hashes[0]), &tokens[16..32]));
+        // Same tokens under a different parent hash differently.
+        assert_ne!(hash_block(None, &tokens[16..32]), hashes[1]);
+        // Partial tail is not hashed.
+        let mut h2 = Vec::new();
+        extend_block_hashes(&mut h2, &tokens[..47], 16);
+        assert_eq!(h2, hashes[..2]);
+    }
+
+    #[test]
+    fn lookup_caps_at_l_minus_1_over_bs() {
+        let mut bm = BlockManager::new(16, 100);
+        let (_, hashes) = chain(4, 0);
+        store(&mut bm, &hashes);
+        // L = 64: all 4 blocks cached but the cap is ⌊63/16⌋ = 3.
+        assert_eq!(bm.lookup_prefix(&hashes, 64), 3);
+        // L = 65: cap ⌊64/16⌋ = 4.
+        assert_eq!(bm.lookup_prefix(&hashes, 65), 4);
+        // L = 16: cap 0.
+        assert_eq!(bm.lookup_prefix(&hashes[..1], 16), 0);
+        // Stops at the first miss.
+        let mut holes = hashes.clone();
+        holes[1] = 42;
+        assert_eq!(bm.lookup_prefix(&holes, 1000), 1);
+        bm.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn release_tail_first_then_lru_evicts_suffix_first() {
+        let mut bm = BlockManager::new(16, 6);
+        let (_, a) = chain(3, 0);
+        let (_, b) = chain(3, 1);
+        store(&mut bm, &a);
+        store(&mut bm, &b);
+        bm.release(&a, 0);
+        bm.release(&b, 0);
+        // a released first, tail first: a2 a1 a0 b2 b1 b0.
+        assert_eq!(bm.inactive_lru(), vec![a[2], a[1], a[0], b[2], b[1], b[0]]);
+        assert_eq!(bm.usage(), 0.0);
+        let mut ev = Vec::new();
+        bm.allocate_private(2, &mut ev).unwrap();
+        assert_eq!(
+            ev,
+            vec![BlockEvent::Removed {
+                hashes: vec![a[2], a[1]]
+            }]
+        );
+        assert_eq!(bm.evicted_total(), 2);
+        // a0 still hits, a1 is gone.
+        assert_eq!(bm.lookup_prefix(&a, 1000), 1);
+        bm.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn taking_inactive_block_protects_it_from_eviction() {
+        let mut bm = BlockManager::new(16, 3);
+        let (_, a) = chain(3, 0);
+        store(&mut bm, &a);
+        bm.release(&a, 0);
+        bm.take_cached(&a[..1]);
+        assert_eq!(bm.refcount(a[0]), 1);
+        let mut ev = Vec::new();
+        assert_eq!(
+            bm.allocate_private(3, &mut ev),
+            Err(OutOfBlocks {
+                requested: 3,
+                available: 2
+            })
+        );
+        assert!(ev.is_empty());
+        bm.allocate_private(2, &mut ev).unwrap();
+        assert!(bm.is_cached(a[0]) && !bm.is_cached(a[1]) && !bm.is_cached(a[2]));
+        bm.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn identical_full_blocks_merge() {
+        let mut bm = BlockManager::new(16, 10);
+        let (_, a) = chain(2, 0);
+        let mut ev = Vec::new();
+        bm.allocate_private(4, &mut ev).unwrap();
+        assert!(bm.fill_private(a[0]));
+        assert!(bm.fill_private(a[1]));
+        // Second request computes the same blocks: merged, not stored twice.
+        assert!(!bm.fill_private(a[0]));
+        assert!(!bm.fill_private(a[1]));
+        assert_eq!(bm.refcount(a[0]), 2);
+        assert_eq!(bm.num_used(), 2);
+        assert_eq!(bm.stored_total(), 2);
+        bm.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reset_refused_while_blocks_are_held() {
+        let mut bm = BlockManager::new(16, 10);
+        let (_, a) = chain(2, 0);
+        store(&mut bm, &a);
+        assert_eq!(bm.reset(), None);
+        bm.release(&a, 0);
+        assert_eq!(bm.reset(), Some(2));
+        assert_eq!(bm.lookup_prefix(&a, 1000), 0);
+        bm.check_invariants().unwrap();
+    }
+}

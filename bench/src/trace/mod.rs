@@ -1,0 +1,319 @@
+//! Trace handling: Mooncake JSONL records ([`TraceRecord`], [`load_mooncake`]), the
+//! infinite-cache hit-rate bound ([`infinite_cache_bound`]) and id→text synthesis
+//! ([`WordIds`], [`PromptBuilder`], in [`synth`]).
+//!
+//! Traces carry lengths and prefix-block ids, never text; [`synth`] turns each id into a
+//! deterministic block of words so that equal ids become equal prefixes. Source:
+//! `shared/reference/traces.md` §1, §3, §5.
+
+pub mod synth;
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use synth::{PromptBuilder, SplitMix64, WordIds};
+
+/// Tokens per Mooncake `hash_ids` block. Source: traces.md §1 ("one id per 512-token block").
+pub const MOONCAKE_BLOCK_TOKENS: u32 = 512;
+
+/// Engine/router KV block size used by the engine-level bound variant, in tokens.
+/// Source: traces.md §5 ("engine-level variant (block 16 …)"), engine-model.md §6.
+pub const ENGINE_BLOCK_TOKENS: u32 = 16;
+
+/// Namespace of the Mooncake conversation trace's ids in the text generator.
+/// Source: traces.md §3 ("`ns`: 0 for the Mooncake file").
+pub const MOONCAKE_NAMESPACE: u32 = 0;
+
+/// One request of a Mooncake-format trace (one JSONL line).
+///
+/// Invariant checked by [`load_mooncake`]: `hash_ids.len() = ⌈input_length / 512⌉`, so the last
+/// block holds `input_length − 512·(n−1)` tokens (1 ..= 512). Source: traces.md §1.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceRecord {
+    /// Arrival time from trace start, ms (JSON field `timestamp`).
+    #[serde(rename = "timestamp")]
+    pub timestamp_ms: u64,
+    /// Prompt length, tokens.
+    pub input_length: u32,
+    /// Tokens to generate (sent as `max_tokens`).
+    pub output_length: u32,
+    /// One id per 512-token prompt block; equal ids are equal (reusable) prefix blocks.
+    pub hash_ids: Vec<u64>,
+}
+
+impl TraceRecord {
+    /// Tokens of block `i` of this request's prompt with `block_tokens` tokens per id:
+    /// `block_tokens` for every block but the last, which holds the remainder
+    /// `input_length − block_tokens·(n−1)`. Returns 0 for `i ≥ n`. Source: traces.md §3.
+    pub fn block_len(&self, i: usize, block_tokens: u32) -> u32 {
+        let n = self.hash_ids.len();
+        if i >= n {
+            0
+        } else if i + 1 < n {
+            block_tokens
+        } else {
+            self.input_length
+                .saturating_sub(block_tokens * (n as u32 - 1))
+                .min(block_tokens)
+        }
+    }
+}
+
+/// Errors from reading a trace file.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The file could not be opened or read.
+    #[error("cannot read trace {path}: {source}")]
+    Io {
+        /// File being read.
+        path: PathBuf,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// A line is not a valid Mooncake record (bad JSON or missing / mistyped field).
+    #[error("{path}:{line}: invalid record: {source}")]
+    Parse {
+        /// File being read.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// Underlying JSON error.
+        source: serde_json::Error,
+    },
+    /// `hash_ids.len()` is not `⌈input_length / 512⌉` (traces.md §1).
+    #[error(
+        "{path}:{line}: {blocks} hash_ids for input_length {input_length} (expected ⌈input_length/512⌉)"
+    )]
+    BlockCount {
+        /// File being read.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// `input_length` of the record, tokens.
+        input_length: u32,
+        /// `hash_ids.len()` of the record.
+        blocks: usize,
+    },
+    /// The tokenizer vocabulary has no `Ġ` + 3–8 lowercase-letter token to build text from
+    /// (traces.md §3 `WORD_IDS`).
+    #[error("vocabulary has no leading-space lowercase word tokens (WORD_IDS is empty)")]
+    NoWordTokens,
+}
+
+/// Whether `r` satisfies `hash_ids.len() = ⌈input_length / block_tokens⌉` with at least one block.
+pub fn block_count_ok(r: &TraceRecord, block_tokens: u32) -> bool {
+    r.input_length > 0 && r.hash_ids.len() == r.input_length.div_ceil(block_tokens) as usize
+}
+
+/// Reads a Mooncake JSONL trace (traces.md §1), keeping file order; blank lines are skipped.
+/// Stops after `max_requests` records when given.
+///
+/// # Errors
+/// - [`TraceError::Io`]: the file cannot be opened or read.
+/// - [`TraceError::Parse`]: a line is not a record (with its 1-based line number).
+/// - [`TraceError::BlockCount`]: a record's `hash_ids` length disagrees with `input_length`.
+pub fn load_mooncake(
+    path: impl AsRef<Path>,
+    max_requests: Option<usize>,
+) -> Result<Vec<TraceRecord>, TraceError> {
+    let path = path.as_ref();
+    let io_err = |source| TraceError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let reader = BufReader::new(File::open(path).map_err(io_err)?);
+    let limit = max_requests.unwrap_or(usize::MAX);
+    let mut out = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        if out.len() >= limit {
+            break;
+        }
+        let line = line.map_err(io_err)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r: TraceRecord = serde_json::from_str(&line).map_err(|source| TraceError::Parse {
+            path: path.to_path_buf(),
+            line: i + 1,
+            source,
+        })?;
+        if !block_count_ok(&r, MOONCAKE_BLOCK_TOKENS) {
+            return Err(TraceError::BlockCount {
+                path: path.to_path_buf(),
+                line: i + 1,
+                input_length: r.input_length,
+                blocks: r.hash_ids.len(),
+            });
+        }
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// Infinite-cache prefix-hit bound of a trace (traces.md §5): the hit rate of one worker with
+/// unlimited KV memory that never evicts.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Bound {
+    /// `hit_blocks / total_blocks`, fraction 0–1.
+    pub block_weighted: f64,
+    /// `hit_tokens / total_tokens`, fraction 0–1.
+    pub token_weighted: f64,
+    /// Leading blocks already seen, summed over requests.
+    pub hit_blocks: u64,
+    /// Blocks of all requests (`Σ len(hash_ids)`).
+    pub total_blocks: u64,
+    /// `Σ min(k·B, L)` tokens, k = leading blocks seen, B = block size, L = input length.
+    pub hit_tokens: u64,
+    /// `Σ input_length` tokens.
+    pub total_tokens: u64,
+}
+
+/// Computes the infinite-cache bound of `records` in arrival (slice) order with
+/// `block_tokens` tokens per id (512 for Mooncake): per request, k = number of leading ids
+/// already seen (stopping at the first unseen id); block-weighted `Σk / Σn`, token-weighted
+/// `Σ min(k·B, L) / Σ L`. Empty input gives 0 for both. Source: traces.md §5
+/// (Mooncake conversation: 36.6 % = 105,710 / 288,500 blocks; 37.4 % token-weighted).
+pub fn infinite_cache_bound(records: &[TraceRecord], block_tokens: u32) -> Bound {
+    let mut seen: HashSet<u64> = HashSet::new();
+    let (mut hit_blocks, mut total_blocks, mut hit_tokens, mut total_tokens) = (0u64, 0, 0, 0);
+    for r in records {
+        let k = r.hash_ids.iter().take_while(|id| seen.contains(id)).count() as u64;
+        let len = u64::from(r.input_length);
+        hit_blocks += k;
+        total_blocks += r.hash_ids.len() as u64;
+        hit_tokens += (k * u64::from(block_tokens)).min(len);
+        total_tokens += len;
+        seen.extend(r.hash_ids.iter().copied());
+    }
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    Bound {
+        block_weighted: ratio(hit_blocks, total_blocks),
+        token_weighted: ratio(hit_tokens, total_tokens),
+        hit_blocks,
+        total_blocks,
+        hit_tokens,
+        total_tokens,
+    }
+}
+
+/// Engine-level variant of the bound (traces.md §5): per request, cached tokens =
+/// `min(matched tokens rounded down to engine_block, ⌊(L−1)/engine_block⌋·engine_block)`,
+/// matched tokens = `min(k·block_tokens, L)`; returns `Σ cached / Σ L` (fraction 0–1, 0 for
+/// empty input). A simulated single worker with unlimited blocks must reproduce it exactly
+/// (engine-model.md §9). Mooncake conversation: 37.4 % with (512, 16).
+pub fn engine_cache_bound(records: &[TraceRecord], block_tokens: u32, engine_block: u32) -> f64 {
+    let mut seen: HashSet<u64> = HashSet::new();
+    let eb = u64::from(engine_block.max(1));
+    let (mut cached, mut total) = (0u64, 0u64);
+    for r in records {
+        let k = r.hash_ids.iter().take_while(|id| seen.contains(id)).count() as u64;
+        let len = u64::from(r.input_length);
+        let matched = (k * u64::from(block_tokens)).min(len);
+        let cap = (len.saturating_sub(1) / eb) * eb;
+        cached += ((matched / eb) * eb).min(cap);
+        total += len;
+        seen.extend(r.hash_ids.iter().copied());
+    }
+    if total == 0 {
+        0.0
+    } else {
+        cached as f64 / total as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(ts: u64, len: u32, ids: &[u64]) -> TraceRecord {
+        TraceRecord {
+            timestamp_ms: ts,
+            input_length: len,
+            output_length: 10,
+            hash_ids: ids.to_vec(),
+        }
+    }
+
+    #[test]
+    fn bound_counts_leading_seen_blocks_only() {
+        // r1: nothing seen. r2: 0,1 seen, 5 unseen → k=2. r3: 0 seen, 7 unseen, 1 seen but
+        // after a gap → k=1.
+        let rs = [
+            rec(0, 1500, &[0, 1, 2]),
+            rec(1, 1100, &[0, 1, 5]),
+            rec(2, 1200, &[0, 7, 1]),
+        ];
+        let b = infinite_cache_bound(&rs, 512);
+        assert_eq!((b.hit_blocks, b.total_blocks), (3, 9));
+        assert_eq!((b.hit_tokens, b.total_tokens), (1024 + 512, 3800));
+        assert!((b.block_weighted - 3.0 / 9.0).abs() < 1e-12);
+        // Token-weighted caps a fully-seen request at its length.
+        let b = infinite_cache_bound(&[rec(0, 600, &[0, 1]), rec(1, 600, &[0, 1])], 512);
+        assert_eq!((b.hit_tokens, b.total_tokens), (600, 1200));
+        // Engine-level: second request matched 600 tokens, cap ⌊599/16⌋·16 = 592.
+        let e = engine_cache_bound(&[rec(0, 600, &[0, 1]), rec(1, 600, &[0, 1])], 512, 16);
+        assert!((e - 592.0 / 1200.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bound_of_empty_trace_is_zero() {
+        let b = infinite_cache_bound(&[], 512);
+        assert_eq!(b.block_weighted, 0.0);
+        assert_eq!(b.token_weighted, 0.0);
+    }
+
+    #[test]
+    fn block_len_trims_last_block() {
+        let r = rec(0, 1100, &[0, 1, 2]);
+        assert_eq!(
+            [
+                r.block_len(0, 512),
+                r.block_len(1, 512),
+                r.block_len(2, 512),
+                r.block_len(3, 512)
+            ],
+            [512, 512, 76, 0]
+        );
+    }
+
+    #[test]
+    fn load_reports_line_numbers() {
+        let dir = std::env::temp_dir().join(format!("kvroute-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("bad.jsonl");
+        std::fs::write(
+            &p,
+            "{\"timestamp\":0,\"input_length\":600,\"output_length\":5,\"hash_ids\":[0,1]}\n\n\
+             {\"timestamp\":1,\"input_length\":600}\n",
+        )
+        .unwrap();
+        match load_mooncake(&p, None) {
+            Err(TraceError::Parse { line, .. }) => assert_eq!(line, 3),
+            other => panic!("expected parse error, got {other:?}"),
+        }
+        assert_eq!(load_mooncake(&p, Some(1)).unwrap().len(), 1);
+        std::fs::write(
+            &p,
+            "{\"timestamp\":0,\"input_length\":1025,\"output_length\":5,\"hash_ids\":[0,1]}\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            load_mooncake(&p, None),
+            Err(TraceError::BlockCount {
+                line: 1,
+                input_length: 1025,
+                blocks: 2,
+                ..
+            })
+        ));
+        assert!(matches!(
+            load_mooncake(dir.join("missing.jsonl"), None),
+            Err(TraceError::Io { .. })
+        ));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
