@@ -1,2 +1,5 @@
 //! stub
 pub mod engine;
+pub mod replay;
+pub mod trace;
+pub mod workload;
