@@ -180,7 +180,8 @@ pub struct ReplayReport {
     pub errors_by_kind: BTreeMap<String, u64>,
     /// Wall time from start to last response, s.
     pub duration_s: f64,
-    /// Time to first content chunk of successful requests, ms.
+    /// Time to first content chunk of successful requests, ms (e2e for a response without
+    /// content).
     pub ttft_ms: LatencySummary,
     /// Time per output token `(e2e − ttft)/(completion_tokens − 1)` of successful requests with
     /// ≥ 2 completion tokens, ms.

@@ -213,6 +213,14 @@ impl PromptBuilder {
         }
     }
 
+    /// Builder over `tok`'s [`WordIds`] for namespace `ns` (see [`Self::new`]).
+    ///
+    /// # Errors
+    /// - [`TraceError::NoWordTokens`]: the vocabulary has no word tokens.
+    pub fn from_tokenizer(tok: &Tokenizer, ns: u32) -> Result<Self, TraceError> {
+        Ok(Self::new(WordIds::from_tokenizer(tok)?, ns))
+    }
+
     /// Sets the tokens per id (default 512). Values of 0 are treated as 1; at most 7,000
     /// (word offsets are kept as `u16`).
     pub fn with_block_tokens(mut self, block_tokens: u32) -> Self {
