@@ -410,7 +410,8 @@ async fn send_one(target: &Target, body: Bytes, start: Instant, sample: &mut Req
 
 /// Replays `records` open loop against `cfg.url` and aggregates the outcomes.
 ///
-/// Record `i` is sent at `start + timestamp_ms / time_scale` (ties keep slice order) as
+/// Record `i` is sent at `start + (timestamp_ms − earliest timestamp_ms) / time_scale` (ties
+/// keep slice order) as
 /// `POST {url}/v1/chat/completions` with one user message, `prompts.prompt_text(record)`,
 /// `max_tokens = output_length`, `stream: true`, `stream_options.include_usage: true`. Each
 /// request runs in its own task over its own HTTP/1.1 connection, so a slow response never
