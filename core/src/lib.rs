@@ -1,1 +1,21 @@
-//! stub
+//! kvroute's router core: configuration, worker registry, load accounting, routing keys,
+//! policies and metrics. No sockets, no clocks read inside a policy.
+//!
+//! Main types:
+//! - [`config::Config`]: every setting, with one default each in [`config::defaults`].
+//! - [`workers::Workers`]: the worker registry with atomic in-flight counts shared by all
+//!   shards; [`load::LoadGuard`] is the RAII token that counts one request.
+//! - [`route_key::RouteKey`]: what routing needs from a request body.
+//! - [`policy::Router`]: `decide(key, loads) -> Decision`, a function of the request and a
+//!   snapshot of worker loads (plus the router's own approximate index).
+//! - [`metrics::Metrics`]: Prometheus counters and histograms.
+
+pub mod config;
+pub mod error;
+pub mod load;
+pub mod metrics;
+pub mod policy;
+pub mod route_key;
+pub mod workers;
+
+pub use error::CoreError;

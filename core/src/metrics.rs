@@ -1,0 +1,140 @@
+//! [`Metrics`]: the gateway's Prometheus metrics (prometheus-client), shared by all shards.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `kvroute_requests_total` | counter | `route`, `status` |
+//! | `kvroute_worker_requests_total` | counter | `worker` |
+//! | `kvroute_decisions_total` | counter | `policy`, `reason` (`hit`, `miss`, `spill`, ...) |
+//! | `kvroute_upstream_errors_total` | counter | `worker`, `kind` |
+//! | `kvroute_bad_requests_total` | counter | `reason` |
+//! | `kvroute_request_duration_seconds` | histogram | — |
+//! | `kvroute_worker_in_flight` | gauge | `worker` (read from [`Workers`] at scrape time) |
+
+use crate::workers::Workers;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// The gateway's metrics. `Send + Sync`; every recording method takes `&self`.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<Labels, Counter>,
+    worker_requests: Family<Labels, Counter>,
+    decisions: Family<Labels, Counter>,
+    upstream_errors: Family<Labels, Counter>,
+    bad_requests: Family<Labels, Counter>,
+    duration: Histogram,
+    in_flight: Family<Labels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric (all start at zero).
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<Labels, Counter>::default();
+        let worker_requests = Family::<Labels, Counter>::default();
+        let decisions = Family::<Labels, Counter>::default();
+        let upstream_errors = Family::<Labels, Counter>::default();
+        let bad_requests = Family::<Labels, Counter>::default();
+        // 1 ms … ~33 min in ×2 steps: TTFT-scale to long generations.
+        let duration = Histogram::new(exponential_buckets(0.001, 2.0, 22));
+        let in_flight = Family::<Labels, Gauge>::default();
+        registry.register("kvroute_requests", "Responses sent, by route and status", requests.clone());
+        registry.register("kvroute_worker_requests", "Requests proxied, by worker", worker_requests.clone());
+        registry.register("kvroute_decisions", "Routing decisions, by policy and reason", decisions.clone());
+        registry.register("kvroute_upstream_errors", "Failed exchanges with workers, by kind", upstream_errors.clone());
+        registry.register("kvroute_bad_requests", "Requests refused as invalid, by reason", bad_requests.clone());
+        registry.register(
+            "kvroute_request_duration_seconds",
+            "Time from routing to the end of the response, s",
+            duration.clone(),
+        );
+        registry.register("kvroute_worker_in_flight", "Requests in flight, by worker", in_flight.clone());
+        Self {
+            registry,
+            requests,
+            worker_requests,
+            decisions,
+            upstream_errors,
+            bad_requests,
+            duration,
+            in_flight,
+        }
+    }
+
+    /// One routing decision.
+    pub fn on_decision(&self, policy: &str, reason: &str) {
+        self.decisions
+            .get_or_create(&vec![("policy", policy.to_string()), ("reason", reason.to_string())])
+            .inc();
+    }
+
+    /// One response sent for `route`; `worker` empty when none was chosen; `seconds` from
+    /// routing to the end of the response.
+    pub fn on_response(&self, route: &str, status: u16, worker: &str, seconds: f64) {
+        self.requests
+            .get_or_create(&vec![("route", route.to_string()), ("status", status.to_string())])
+            .inc();
+        if !worker.is_empty() {
+            self.worker_requests.get_or_create(&vec![("worker", worker.to_string())]).inc();
+            self.duration.observe(seconds);
+        }
+    }
+
+    /// A failed exchange with `worker` (`kind`: connect, timeout, upstream, client_gone, ...).
+    pub fn on_upstream_error(&self, worker: &str, kind: &str) {
+        self.upstream_errors
+            .get_or_create(&vec![("worker", worker.to_string()), ("kind", kind.to_string())])
+            .inc();
+    }
+
+    /// A request refused as invalid (`reason`: malformed, head_too_large, body_too_large, ...).
+    pub fn on_bad_request(&self, reason: &str) {
+        self.bad_requests.get_or_create(&vec![("reason", reason.to_string())]).inc();
+    }
+
+    /// Prometheus text exposition of everything, in-flight gauges read from `workers` now.
+    pub fn encode(&self, workers: &Workers) -> String {
+        for w in workers.iter() {
+            self.in_flight
+                .get_or_create(&vec![("worker", w.url.clone())])
+                .set(w.in_flight() as i64);
+        }
+        let mut out = String::new();
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_counters_and_in_flight() {
+        let m = Metrics::new();
+        let w = Workers::new(&["http://a:1".into()]).unwrap();
+        let _g = w.acquire(0);
+        m.on_decision("cache_aware", "hit");
+        m.on_decision("cache_aware", "hit");
+        m.on_response("/v1/completions", 200, "http://a:1", 0.01);
+        m.on_bad_request("malformed");
+        let text = m.encode(&w);
+        assert!(text.contains("kvroute_decisions_total{policy=\"cache_aware\",reason=\"hit\"} 2"), "{text}");
+        assert!(text.contains("kvroute_requests_total{route=\"/v1/completions\",status=\"200\"} 1"), "{text}");
+        assert!(text.contains("kvroute_worker_in_flight{worker=\"http://a:1\"} 1"), "{text}");
+        assert!(text.contains("kvroute_bad_requests_total{reason=\"malformed\"} 1"), "{text}");
+        assert!(text.contains("kvroute_request_duration_seconds_count 1"), "{text}");
+    }
+}

@@ -1,0 +1,162 @@
+//! [`Workers`]: the registry of engines behind the gateway, with the in-flight counts all
+//! shards share.
+
+use crate::CoreError;
+use crate::config::parse_worker_url;
+use crate::load::LoadGuard;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// One worker (an engine endpoint).
+#[derive(Debug)]
+pub struct Worker {
+    /// Dense id, the worker's position in the config (`0..n`); also its index tenant id.
+    pub id: usize,
+    /// Normalised base URL `http://host:port` (no trailing `/`).
+    pub url: String,
+    /// Host part of the URL.
+    pub host: String,
+    /// Port part of the URL.
+    pub port: u16,
+    /// Requests sent and not finished (response body ended, failed, or client gone).
+    pub(crate) in_flight: AtomicUsize,
+    /// Requests ever sent.
+    pub(crate) processed: AtomicU64,
+}
+
+impl Worker {
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Requests ever sent.
+    pub fn processed(&self) -> u64 {
+        self.processed.load(Ordering::Relaxed)
+    }
+}
+
+/// The worker registry, shared by all shards through an `Arc`. Counts are atomics: a shard
+/// never locks to read or change a load.
+#[derive(Debug)]
+pub struct Workers {
+    list: Vec<Arc<Worker>>,
+}
+
+impl Workers {
+    /// Registry of `urls`, ids in order.
+    ///
+    /// # Errors
+    /// [`CoreError::BadWorkerUrl`] for a URL that is not `http://host:port`.
+    pub fn new(urls: &[String]) -> Result<Workers, CoreError> {
+        let list = urls
+            .iter()
+            .enumerate()
+            .map(|(id, u)| {
+                let (url, host, port) = parse_worker_url(u)?;
+                Ok(Arc::new(Worker {
+                    id,
+                    url,
+                    host,
+                    port,
+                    in_flight: AtomicUsize::new(0),
+                    processed: AtomicU64::new(0),
+                }))
+            })
+            .collect::<Result<_, CoreError>>()?;
+        Ok(Workers { list })
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// True with no workers.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Worker `id`.
+    ///
+    /// # Panics
+    /// When `id >= len()`.
+    pub fn get(&self, id: usize) -> &Worker {
+        &self.list[id]
+    }
+
+    /// All workers in id order.
+    pub fn iter(&self) -> impl Iterator<Item = &Worker> {
+        self.list.iter().map(|w| w.as_ref())
+    }
+
+    /// Snapshot of in-flight counts, by worker id (the load input of every policy).
+    pub fn loads(&self) -> Vec<usize> {
+        self.list.iter().map(|w| w.in_flight()).collect()
+    }
+
+    /// Counts one request on worker `id` until the returned guard drops. Take it before the
+    /// request is sent upstream (bug-cases.md B1).
+    ///
+    /// # Panics
+    /// When `id >= len()`.
+    pub fn acquire(&self, id: usize) -> LoadGuard {
+        LoadGuard::new(self.list[id].clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two() -> Workers {
+        Workers::new(&["http://a:1".into(), "http://b:2/".into()]).unwrap()
+    }
+
+    #[test]
+    fn registry_ids_and_urls() {
+        let w = two();
+        assert_eq!(w.len(), 2);
+        assert_eq!(w.get(1).url, "http://b:2");
+        assert_eq!((w.get(1).host.as_str(), w.get(1).port), ("b", 2));
+        assert!(Workers::new(&["ftp://x:1".into()]).is_err());
+    }
+
+    #[test]
+    fn guard_counts_once() {
+        let w = two();
+        let g1 = w.acquire(0);
+        let g2 = w.acquire(0);
+        let g3 = w.acquire(1);
+        assert_eq!(w.loads(), vec![2, 1]);
+        drop(g2);
+        assert_eq!(w.loads(), vec![1, 1]);
+        drop((g1, g3));
+        assert_eq!(w.loads(), vec![0, 0]);
+        assert_eq!(w.get(0).processed(), 2);
+    }
+
+    #[test]
+    fn concurrent_acquire_release_ends_at_zero() {
+        let w = Arc::new(two());
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let w = w.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2_000 {
+                        let g = w.acquire((t + i) % 2);
+                        if i % 3 == 0 {
+                            let _h = w.acquire(i % 2);
+                        }
+                        drop(g);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(w.loads(), vec![0, 0]);
+        assert_eq!(w.get(0).processed() + w.get(1).processed(), 4 * (2_000 + 667));
+    }
+}
