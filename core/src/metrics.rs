@@ -50,17 +50,41 @@ impl Metrics {
         // 1 ms … ~33 min in ×2 steps: TTFT-scale to long generations.
         let duration = Histogram::new(exponential_buckets(0.001, 2.0, 22));
         let in_flight = Family::<Labels, Gauge>::default();
-        registry.register("kvroute_requests", "Responses sent, by route and status", requests.clone());
-        registry.register("kvroute_worker_requests", "Requests proxied, by worker", worker_requests.clone());
-        registry.register("kvroute_decisions", "Routing decisions, by policy and reason", decisions.clone());
-        registry.register("kvroute_upstream_errors", "Failed exchanges with workers, by kind", upstream_errors.clone());
-        registry.register("kvroute_bad_requests", "Requests refused as invalid, by reason", bad_requests.clone());
+        registry.register(
+            "kvroute_requests",
+            "Responses sent, by route and status",
+            requests.clone(),
+        );
+        registry.register(
+            "kvroute_worker_requests",
+            "Requests proxied, by worker",
+            worker_requests.clone(),
+        );
+        registry.register(
+            "kvroute_decisions",
+            "Routing decisions, by policy and reason",
+            decisions.clone(),
+        );
+        registry.register(
+            "kvroute_upstream_errors",
+            "Failed exchanges with workers, by kind",
+            upstream_errors.clone(),
+        );
+        registry.register(
+            "kvroute_bad_requests",
+            "Requests refused as invalid, by reason",
+            bad_requests.clone(),
+        );
         registry.register(
             "kvroute_request_duration_seconds",
             "Time from routing to the end of the response, s",
             duration.clone(),
         );
-        registry.register("kvroute_worker_in_flight", "Requests in flight, by worker", in_flight.clone());
+        registry.register(
+            "kvroute_worker_in_flight",
+            "Requests in flight, by worker",
+            in_flight.clone(),
+        );
         Self {
             registry,
             requests,
@@ -76,7 +100,10 @@ impl Metrics {
     /// One routing decision.
     pub fn on_decision(&self, policy: &str, reason: &str) {
         self.decisions
-            .get_or_create(&vec![("policy", policy.to_string()), ("reason", reason.to_string())])
+            .get_or_create(&vec![
+                ("policy", policy.to_string()),
+                ("reason", reason.to_string()),
+            ])
             .inc();
     }
 
@@ -84,10 +111,15 @@ impl Metrics {
     /// routing to the end of the response.
     pub fn on_response(&self, route: &str, status: u16, worker: &str, seconds: f64) {
         self.requests
-            .get_or_create(&vec![("route", route.to_string()), ("status", status.to_string())])
+            .get_or_create(&vec![
+                ("route", route.to_string()),
+                ("status", status.to_string()),
+            ])
             .inc();
         if !worker.is_empty() {
-            self.worker_requests.get_or_create(&vec![("worker", worker.to_string())]).inc();
+            self.worker_requests
+                .get_or_create(&vec![("worker", worker.to_string())])
+                .inc();
             self.duration.observe(seconds);
         }
     }
@@ -95,13 +127,18 @@ impl Metrics {
     /// A failed exchange with `worker` (`kind`: connect, timeout, upstream, client_gone, ...).
     pub fn on_upstream_error(&self, worker: &str, kind: &str) {
         self.upstream_errors
-            .get_or_create(&vec![("worker", worker.to_string()), ("kind", kind.to_string())])
+            .get_or_create(&vec![
+                ("worker", worker.to_string()),
+                ("kind", kind.to_string()),
+            ])
             .inc();
     }
 
     /// A request refused as invalid (`reason`: malformed, head_too_large, body_too_large, ...).
     pub fn on_bad_request(&self, reason: &str) {
-        self.bad_requests.get_or_create(&vec![("reason", reason.to_string())]).inc();
+        self.bad_requests
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .inc();
     }
 
     /// Prometheus text exposition of everything, in-flight gauges read from `workers` now.
@@ -131,10 +168,25 @@ mod tests {
         m.on_response("/v1/completions", 200, "http://a:1", 0.01);
         m.on_bad_request("malformed");
         let text = m.encode(&w);
-        assert!(text.contains("kvroute_decisions_total{policy=\"cache_aware\",reason=\"hit\"} 2"), "{text}");
-        assert!(text.contains("kvroute_requests_total{route=\"/v1/completions\",status=\"200\"} 1"), "{text}");
-        assert!(text.contains("kvroute_worker_in_flight{worker=\"http://a:1\"} 1"), "{text}");
-        assert!(text.contains("kvroute_bad_requests_total{reason=\"malformed\"} 1"), "{text}");
-        assert!(text.contains("kvroute_request_duration_seconds_count 1"), "{text}");
+        assert!(
+            text.contains("kvroute_decisions_total{policy=\"cache_aware\",reason=\"hit\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvroute_requests_total{route=\"/v1/completions\",status=\"200\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvroute_worker_in_flight{worker=\"http://a:1\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvroute_bad_requests_total{reason=\"malformed\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvroute_request_duration_seconds_count 1"),
+            "{text}"
+        );
     }
 }

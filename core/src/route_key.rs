@@ -74,7 +74,8 @@ pub fn route_key(endpoint: Endpoint, body: &[u8]) -> Result<RouteKey, CoreError>
                     return Err(CoreError::BadBody("each message must be an object".into()));
                 };
                 key.text.push_str("<|");
-                key.text.push_str(m.get("role").and_then(Value::as_str).unwrap_or(""));
+                key.text
+                    .push_str(m.get("role").and_then(Value::as_str).unwrap_or(""));
                 key.text.push_str("|>");
                 push_content(&mut key.text, m.get("content"));
             }
@@ -90,7 +91,11 @@ pub fn route_key(endpoint: Endpoint, body: &[u8]) -> Result<RouteKey, CoreError>
             match b.text {
                 Some(t) if !t.is_null() => set_prompt(&mut key, t, "text")?,
                 _ if key.input_ids.is_some() => {}
-                _ => return Err(CoreError::BadBody("`text` or `input_ids` is required".into())),
+                _ => {
+                    return Err(CoreError::BadBody(
+                        "`text` or `input_ids` is required".into(),
+                    ));
+                }
             }
         }
     }
@@ -103,10 +108,10 @@ fn push_content(out: &mut String, content: Option<&Value>) {
         Some(Value::String(s)) => out.push_str(s),
         Some(Value::Array(parts)) => {
             for p in parts {
-                if p.get("type").and_then(Value::as_str) == Some("text") {
-                    if let Some(t) = p.get("text").and_then(Value::as_str) {
-                        out.push_str(t);
-                    }
+                if p.get("type").and_then(Value::as_str) == Some("text")
+                    && let Some(t) = p.get("text").and_then(Value::as_str)
+                {
+                    out.push_str(t);
                 }
             }
         }
@@ -125,16 +130,28 @@ fn set_prompt(key: &mut RouteKey, value: Value, field: &str) -> Result<(), CoreE
             Some(Value::Number(_)) | Some(Value::Array(_)) => {
                 key.input_ids = Some(token_ids(&Value::Array(items), field)?);
             }
-            Some(_) => return Err(CoreError::BadBody(format!("`{field}` has an invalid element"))),
+            Some(_) => {
+                return Err(CoreError::BadBody(format!(
+                    "`{field}` has an invalid element"
+                )));
+            }
         },
-        _ => return Err(CoreError::BadBody(format!("`{field}` must be a string or an array"))),
+        _ => {
+            return Err(CoreError::BadBody(format!(
+                "`{field}` must be a string or an array"
+            )));
+        }
     }
     Ok(())
 }
 
 /// Token ids from `[1, 2]` or `[[1, 2], [3]]` (first sequence).
 fn token_ids(v: &Value, field: &str) -> Result<Vec<u32>, CoreError> {
-    let bad = || CoreError::BadBody(format!("`{field}` must be token ids (non-negative integers)"));
+    let bad = || {
+        CoreError::BadBody(format!(
+            "`{field}` must be token ids (non-negative integers)"
+        ))
+    };
     let seq = match v {
         Value::Array(items) if matches!(items.first(), Some(Value::Array(_))) => &items[0],
         other => other,
@@ -144,7 +161,11 @@ fn token_ids(v: &Value, field: &str) -> Result<Vec<u32>, CoreError> {
     };
     items
         .iter()
-        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(bad))
+        .map(|x| {
+            x.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(bad)
+        })
         .collect()
 }
 
@@ -175,13 +196,28 @@ mod tests {
 
     #[test]
     fn completions_and_generate_shapes() {
-        assert_eq!(key(Endpoint::Completions, r#"{"prompt":"abc"}"#).text, "abc");
-        assert_eq!(key(Endpoint::Completions, r#"{"prompt":["a","b"]}"#).text, "a");
-        assert_eq!(key(Endpoint::Completions, r#"{"prompt":[1,2,3]}"#).input_ids, Some(vec![1, 2, 3]));
-        assert_eq!(key(Endpoint::Completions, r#"{"prompt":[[4,5],[6]]}"#).input_ids, Some(vec![4, 5]));
+        assert_eq!(
+            key(Endpoint::Completions, r#"{"prompt":"abc"}"#).text,
+            "abc"
+        );
+        assert_eq!(
+            key(Endpoint::Completions, r#"{"prompt":["a","b"]}"#).text,
+            "a"
+        );
+        assert_eq!(
+            key(Endpoint::Completions, r#"{"prompt":[1,2,3]}"#).input_ids,
+            Some(vec![1, 2, 3])
+        );
+        assert_eq!(
+            key(Endpoint::Completions, r#"{"prompt":[[4,5],[6]]}"#).input_ids,
+            Some(vec![4, 5])
+        );
         let g = key(Endpoint::Generate, r#"{"text":"t","input_ids":[7,8]}"#);
         assert_eq!((g.text.as_str(), g.input_ids), ("t", Some(vec![7, 8])));
-        assert_eq!(key(Endpoint::Generate, r#"{"input_ids":[[9],[1]]}"#).input_ids, Some(vec![9]));
+        assert_eq!(
+            key(Endpoint::Generate, r#"{"input_ids":[[9],[1]]}"#).input_ids,
+            Some(vec![9])
+        );
         assert_eq!(key(Endpoint::Generate, r#"{"text":["x","y"]}"#).text, "x");
     }
 
@@ -199,7 +235,10 @@ mod tests {
             (Endpoint::Generate, r#"{"sampling_params":{}}"#),
             (Endpoint::Generate, r#"{"input_ids":"x"}"#),
         ] {
-            assert!(matches!(route_key(ep, body.as_bytes()), Err(CoreError::BadBody(_))), "{body}");
+            assert!(
+                matches!(route_key(ep, body.as_bytes()), Err(CoreError::BadBody(_))),
+                "{body}"
+            );
         }
     }
 }

@@ -157,6 +157,9 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(w.loads(), vec![0, 0]);
-        assert_eq!(w.get(0).processed() + w.get(1).processed(), 4 * (2_000 + 667));
+        assert_eq!(
+            w.get(0).processed() + w.get(1).processed(),
+            4 * (2_000 + 667)
+        );
     }
 }

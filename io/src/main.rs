@@ -1,1 +1,328 @@
-fn main() {}
+//! The `kvroute` binary: `serve` (the gateway), `engine` (a simulated vLLM-like worker),
+//! `replay` (a Mooncake-format trace against a URL) and `demo` (all of it on loopback).
+
+use anyhow::Context;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use kvroute_core::config::{Config, defaults};
+use kvroute_io::{demo, gateway};
+use std::path::PathBuf;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// kvroute: a KV-cache-aware router for LLM inference fleets.
+#[derive(Parser, Debug)]
+#[command(name = "kvroute", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the gateway in front of workers.
+    Serve(ServeArgs),
+    /// Run one simulated vLLM-like engine.
+    Engine(EngineArgs),
+    /// Replay a Mooncake-format trace (or the built-in workload) against a URL.
+    Replay(ReplayArgs),
+    /// Start 4 engines and the router on loopback, replay a workload once per policy, print
+    /// a comparison table.
+    Demo(demo::DemoArgs),
+}
+
+/// Flags of `kvroute serve`. Each overrides the same key of `--config`; unset flags keep the
+/// file's value, and unset keys keep the default of `kvroute_core::config::defaults`.
+#[derive(Args, Debug, Default)]
+struct ServeArgs {
+    /// TOML config file (keys as the long flags, with `_`; `workers = [..]`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on, HOST:PORT.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Shard threads, one per core [default: the cores this process may use].
+    #[arg(long)]
+    shards: Option<usize>,
+    /// Worker base URL, http://HOST:PORT (repeatable).
+    #[arg(long = "worker")]
+    workers: Vec<String>,
+    /// Routing policy: round_robin, least_request or cache_aware.
+    #[arg(long)]
+    policy: Option<String>,
+    /// cache_aware: match ratio (matched chars / request chars) above which the prefix
+    /// holders are the candidates.
+    #[arg(long)]
+    cache_threshold: Option<f64>,
+    /// Spill gate: a candidate is hot above this multiple of the mean in-flight count...
+    #[arg(long)]
+    balance_rel_threshold: Option<f64>,
+    /// ...and above the mean plus this many in-flight requests.
+    #[arg(long)]
+    balance_abs_threshold: Option<usize>,
+    /// Per-model string tree budget, chars.
+    #[arg(long = "max-tree-size")]
+    max_tree_size_chars: Option<usize>,
+    /// Largest request body, bytes (413 above).
+    #[arg(long)]
+    max_body_bytes: Option<usize>,
+    /// Time allowed for one exchange with a worker, s (504 after).
+    #[arg(long)]
+    request_timeout_secs: Option<u64>,
+    /// Idle upstream connections are closed after this many ms.
+    #[arg(long)]
+    upstream_idle_timeout_ms: Option<u64>,
+    /// Time allowed to connect to a worker, ms (502 after).
+    #[arg(long)]
+    connect_timeout_ms: Option<u64>,
+    /// Use the epoll driver even where io_uring works.
+    #[arg(long)]
+    force_epoll: bool,
+}
+
+impl ServeArgs {
+    /// The config file (or the defaults) with the flags laid over it.
+    fn into_config(self) -> anyhow::Result<Config> {
+        let mut cfg = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                Config::from_toml_str(&text).with_context(|| format!("in {}", path.display()))?
+            }
+            None => Config::default(),
+        };
+        if let Some(v) = self.listen {
+            cfg.listen = v;
+        }
+        if self.shards.is_some() {
+            cfg.shards = self.shards;
+        }
+        if !self.workers.is_empty() {
+            cfg.workers = self.workers;
+        }
+        if let Some(v) = self.policy {
+            cfg.policy = v.parse().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+        }
+        if let Some(v) = self.cache_threshold {
+            cfg.cache_threshold = v;
+        }
+        if let Some(v) = self.balance_rel_threshold {
+            cfg.balance_rel_threshold = v;
+        }
+        if let Some(v) = self.balance_abs_threshold {
+            cfg.balance_abs_threshold = v;
+        }
+        if let Some(v) = self.max_tree_size_chars {
+            cfg.max_tree_size_chars = v;
+        }
+        if let Some(v) = self.max_body_bytes {
+            cfg.max_body_bytes = v;
+        }
+        if let Some(v) = self.request_timeout_secs {
+            cfg.request_timeout_secs = v;
+        }
+        if let Some(v) = self.upstream_idle_timeout_ms {
+            cfg.upstream_idle_timeout_ms = v;
+        }
+        if let Some(v) = self.connect_timeout_ms {
+            cfg.connect_timeout_ms = v;
+        }
+        Ok(cfg)
+    }
+}
+
+/// Flags of `kvroute engine` (defaults: `kvroute_bench::engine::defaults`).
+#[derive(Args, Debug, Default)]
+struct EngineArgs {
+    /// Address to listen on, HOST:PORT.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Model name served.
+    #[arg(long)]
+    model: Option<String>,
+    /// Tokens per KV block.
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// KV capacity in blocks.
+    #[arg(long)]
+    num_gpu_blocks: Option<usize>,
+    /// Running-set cap, requests.
+    #[arg(long)]
+    max_num_seqs: Option<usize>,
+    /// Token budget per step.
+    #[arg(long)]
+    max_num_batched_tokens: Option<usize>,
+    /// Divides all modelled times; 0 = no delays.
+    #[arg(long)]
+    speedup_ratio: Option<f64>,
+    /// Longest prompt, tokens (400 above).
+    #[arg(long)]
+    max_model_len: Option<usize>,
+    /// Seed of all randomness (output tokens).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// HF tokenizer.json (or a directory with it and tokenizer_config.json) [default: the
+    /// embedded Qwen3 tokenizer].
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+}
+
+/// Flags of `kvroute replay`.
+#[derive(Args, Debug)]
+struct ReplayArgs {
+    /// Base URL of the router or an engine, http://HOST:PORT.
+    #[arg(long)]
+    url: String,
+    /// Mooncake-format JSONL trace [default: the built-in demo workload].
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Replay only the first N requests.
+    #[arg(long)]
+    max_requests: Option<usize>,
+    /// Trace timestamps are divided by this (2 = twice as fast).
+    #[arg(long)]
+    time_scale: Option<f64>,
+    /// `model` sent in each request.
+    #[arg(long)]
+    model: Option<String>,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// `[default: X]` suffixes for flags whose default lives in a `pub const` elsewhere, so help
+/// shows the one definition.
+fn with_defaults(cmd: clap::Command) -> clap::Command {
+    use kvroute_bench::engine::defaults as e;
+    let serve: &[(&str, String)] = &[
+        ("listen", defaults::LISTEN.to_string()),
+        ("policy", defaults::POLICY.to_string()),
+        ("cache_threshold", defaults::CACHE_THRESHOLD.to_string()),
+        (
+            "balance_rel_threshold",
+            defaults::BALANCE_REL_THRESHOLD.to_string(),
+        ),
+        (
+            "balance_abs_threshold",
+            defaults::BALANCE_ABS_THRESHOLD.to_string(),
+        ),
+        (
+            "max_tree_size_chars",
+            defaults::MAX_TREE_SIZE_CHARS.to_string(),
+        ),
+        ("max_body_bytes", defaults::MAX_BODY_BYTES.to_string()),
+        (
+            "request_timeout_secs",
+            defaults::REQUEST_TIMEOUT_SECS.to_string(),
+        ),
+        (
+            "upstream_idle_timeout_ms",
+            defaults::UPSTREAM_IDLE_TIMEOUT_MS.to_string(),
+        ),
+        (
+            "connect_timeout_ms",
+            defaults::CONNECT_TIMEOUT_MS.to_string(),
+        ),
+    ];
+    let engine: &[(&str, String)] = &[
+        ("listen", e::ENGINE_LISTEN.to_string()),
+        ("model", e::MODEL_NAME.to_string()),
+        ("block_size", e::BLOCK_SIZE.to_string()),
+        ("num_gpu_blocks", e::NUM_GPU_BLOCKS.to_string()),
+        ("max_num_seqs", e::MAX_NUM_SEQS.to_string()),
+        (
+            "max_num_batched_tokens",
+            e::MAX_NUM_BATCHED_TOKENS.to_string(),
+        ),
+        ("speedup_ratio", e::SPEEDUP_RATIO.to_string()),
+        ("max_model_len", e::MAX_MODEL_LEN.to_string()),
+        ("seed", e::SEED.to_string()),
+    ];
+    let add = |sub: clap::Command, table: &[(&str, String)]| {
+        table.iter().fold(sub, |sub, (id, value)| {
+            sub.mut_arg(*id, |a| {
+                let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+                a.help(format!("{help} [default: {value}]"))
+            })
+        })
+    };
+    cmd.mut_subcommand("serve", |s| add(s, serve))
+        .mut_subcommand("engine", |s| add(s, engine))
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let matches = with_defaults(Cli::command()).get_matches();
+    let cli = Cli::from_arg_matches(&matches)?;
+    match cli.command {
+        Command::Serve(args) => {
+            let force_epoll = args.force_epoll;
+            let cfg = args.into_config()?;
+            let server = gateway::start(cfg, force_epoll)?;
+            server.wait();
+            Ok(())
+        }
+        Command::Engine(args) => run_engine(args),
+        Command::Replay(args) => run_replay(args),
+        Command::Demo(args) => demo::run(args),
+    }
+}
+
+fn run_engine(args: EngineArgs) -> anyhow::Result<()> {
+    let mut cfg = kvroute_bench::engine::EngineConfig::default();
+    if let Some(v) = args.listen {
+        cfg.listen = v.parse().with_context(|| format!("--listen {v}"))?;
+    }
+    if let Some(v) = args.model {
+        cfg.model_name = v;
+    }
+    if let Some(v) = args.block_size {
+        cfg.block_size = v;
+    }
+    if let Some(v) = args.num_gpu_blocks {
+        cfg.num_gpu_blocks = v;
+    }
+    if let Some(v) = args.max_num_seqs {
+        cfg.max_num_seqs = v;
+    }
+    if let Some(v) = args.max_num_batched_tokens {
+        cfg.max_num_batched_tokens = v;
+    }
+    if let Some(v) = args.speedup_ratio {
+        cfg.speedup_ratio = v;
+    }
+    if let Some(v) = args.max_model_len {
+        cfg.max_model_len = v;
+    }
+    if let Some(v) = args.seed {
+        cfg.seed = v;
+    }
+    let tokenizer = match &args.tokenizer {
+        Some(p) => kvroute_tokenize::Tokenizer::from_path(p)?,
+        None => kvroute_tokenize::Tokenizer::qwen3()?,
+    };
+    demo::run_engine_forever(cfg, tokenizer)
+}
+
+fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
+    let report = demo::replay_once(
+        &args.url,
+        args.trace.as_deref(),
+        args.max_requests,
+        args.time_scale,
+        args.model,
+        None,
+    )?;
+    println!("{}", report.table());
+    if let Some(out) = args.out {
+        std::fs::write(&out, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
+}

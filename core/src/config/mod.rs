@@ -133,17 +133,24 @@ impl Config {
         for url in &self.workers {
             parse_worker_url(url)?;
         }
-        let bad = |field: &'static str, problem: String| Err(CoreError::ConfigValue { field, problem });
+        let bad =
+            |field: &'static str, problem: String| Err(CoreError::ConfigValue { field, problem });
         if self.shards == Some(0) {
             return bad("shards", "must be at least 1".into());
         }
         if !(0.0..=1.0).contains(&self.cache_threshold) {
-            return bad("cache_threshold", format!("must be in [0, 1], got {}", self.cache_threshold));
+            return bad(
+                "cache_threshold",
+                format!("must be in [0, 1], got {}", self.cache_threshold),
+            );
         }
         if !(self.balance_rel_threshold.is_finite() && self.balance_rel_threshold >= 1.0) {
             return bad(
                 "balance_rel_threshold",
-                format!("must be a finite number ≥ 1, got {}", self.balance_rel_threshold),
+                format!(
+                    "must be a finite number ≥ 1, got {}",
+                    self.balance_rel_threshold
+                ),
             );
         }
         for (field, value) in [
@@ -178,7 +185,9 @@ pub fn parse_worker_url(url: &str) -> Result<(String, String, u16), CoreError> {
     if rest.contains('/') {
         return Err(bad("must not have a path"));
     }
-    let (host, port) = rest.rsplit_once(':').ok_or_else(|| bad("must have a port"))?;
+    let (host, port) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| bad("must have a port"))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() {
         return Err(bad("must have a host"));
@@ -212,7 +221,10 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.policy, PolicyKind::RoundRobin);
         assert_eq!(cfg.cache_threshold, 0.5);
-        assert!(matches!(Config::from_toml_str("nope = 1"), Err(CoreError::ConfigSyntax(_))));
+        assert!(matches!(
+            Config::from_toml_str("nope = 1"),
+            Err(CoreError::ConfigSyntax(_))
+        ));
         assert_eq!(Config::default().validate(), Err(CoreError::NoWorkers));
         let with = |f: fn(&mut Config)| {
             let mut c = Config {
@@ -222,10 +234,34 @@ mod tests {
             f(&mut c);
             c.validate()
         };
-        assert!(matches!(with(|c| c.cache_threshold = 1.5), Err(CoreError::ConfigValue { field: "cache_threshold", .. })));
-        assert!(matches!(with(|c| c.balance_rel_threshold = 0.5), Err(CoreError::ConfigValue { field: "balance_rel_threshold", .. })));
-        assert!(matches!(with(|c| c.shards = Some(0)), Err(CoreError::ConfigValue { field: "shards", .. })));
-        assert!(matches!(with(|c| c.request_timeout_secs = 0), Err(CoreError::ConfigValue { field: "request_timeout_secs", .. })));
+        assert!(matches!(
+            with(|c| c.cache_threshold = 1.5),
+            Err(CoreError::ConfigValue {
+                field: "cache_threshold",
+                ..
+            })
+        ));
+        assert!(matches!(
+            with(|c| c.balance_rel_threshold = 0.5),
+            Err(CoreError::ConfigValue {
+                field: "balance_rel_threshold",
+                ..
+            })
+        ));
+        assert!(matches!(
+            with(|c| c.shards = Some(0)),
+            Err(CoreError::ConfigValue {
+                field: "shards",
+                ..
+            })
+        ));
+        assert!(matches!(
+            with(|c| c.request_timeout_secs = 0),
+            Err(CoreError::ConfigValue {
+                field: "request_timeout_secs",
+                ..
+            })
+        ));
         assert!(with(|_| {}).is_ok());
     }
 
@@ -236,8 +272,18 @@ mod tests {
             ("http://10.0.0.1:8000".into(), "10.0.0.1".into(), 8000)
         );
         assert_eq!(parse_worker_url("http://[::1]:9").unwrap().1, "::1");
-        for bad in ["https://a:1", "http://a", "http://a:0", "http://a:x", "http://a:1/v1", "http://:1"] {
-            assert!(matches!(parse_worker_url(bad), Err(CoreError::BadWorkerUrl { .. })), "{bad}");
+        for bad in [
+            "https://a:1",
+            "http://a",
+            "http://a:0",
+            "http://a:x",
+            "http://a:1/v1",
+            "http://:1",
+        ] {
+            assert!(
+                matches!(parse_worker_url(bad), Err(CoreError::BadWorkerUrl { .. })),
+                "{bad}"
+            );
         }
     }
 
@@ -246,7 +292,10 @@ mod tests {
         for p in PolicyKind::ALL {
             assert_eq!(p.as_str().parse::<PolicyKind>().unwrap(), p);
         }
-        assert_eq!("least-request".parse::<PolicyKind>().unwrap(), PolicyKind::LeastRequest);
+        assert_eq!(
+            "least-request".parse::<PolicyKind>().unwrap(),
+            PolicyKind::LeastRequest
+        );
         assert!("random".parse::<PolicyKind>().is_err());
     }
 }

@@ -83,7 +83,11 @@ impl SpillGate {
 
 /// The least-loaded of `candidates` (worker ids), ties broken uniformly at random — never by
 /// list order (bug-cases.md B1). `None` when `candidates` is empty.
-pub fn least_loaded(loads: &[usize], candidates: impl IntoIterator<Item = usize>, rng: &mut impl Rng) -> Option<usize> {
+pub fn least_loaded(
+    loads: &[usize],
+    candidates: impl IntoIterator<Item = usize>,
+    rng: &mut impl Rng,
+) -> Option<usize> {
     let mut best: Option<(usize, usize)> = None; // (worker, load)
     let mut ties = 0u32;
     for w in candidates {
@@ -166,7 +170,11 @@ impl Router {
                 reason: Reason::CacheMiss,
             };
         }
-        let gate = SpillGate::new(loads, self.balance_rel_threshold, self.balance_abs_threshold);
+        let gate = SpillGate::new(
+            loads,
+            self.balance_rel_threshold,
+            self.balance_abs_threshold,
+        );
         let mut trees = self.trees.lock().unwrap_or_else(|p| p.into_inner());
         let tree = trees.entry(key.model.clone()).or_default();
         let m = tree.match_prefix(&key.text);

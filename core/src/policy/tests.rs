@@ -43,7 +43,9 @@ fn e8_holder_keeps_affinity_then_spills_and_replicates() {
     // [80, 10, 10, 10, 10]: 80 < 88, the holder is not hot, affinity holds.
     let d = r.decide(&text_key(&prompt), &[80, 10, 10, 10, 10]);
     assert_eq!(d.worker, 0);
-    assert!(matches!(d.reason, Reason::CacheHit { matched_chars, .. } if matched_chars == prompt.chars().count()));
+    assert!(
+        matches!(d.reason, Reason::CacheHit { matched_chars, .. } if matched_chars == prompt.chars().count())
+    );
     // [200, 100, 100, 100] (4 workers): 200 > 189 → spill to a least-loaded worker.
     let r = router(PolicyKind::CacheAware);
     r.decide(&text_key(&prompt), &[0, 1, 1, 1]);
@@ -68,7 +70,9 @@ fn turn_two_follows_turn_one() {
     let t1 = chat_key(serde_json::json!([sys, u1]));
     let first = r.decide(&t1, &[3, 0, 3, 3]);
     assert_eq!(first.worker, 1);
-    let t2 = chat_key(serde_json::json!([sys, u1, {"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Shorter?"}]));
+    let t2 = chat_key(
+        serde_json::json!([sys, u1, {"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Shorter?"}]),
+    );
     // Worker 1 is now the busiest but not hot: turn 2 stays.
     let d = r.decide(&t2, &[0, 5, 0, 0]);
     assert_eq!(d.worker, 1);
@@ -79,8 +83,12 @@ fn turn_two_follows_turn_one() {
 fn a_shared_short_system_prompt_is_a_miss() {
     let r = router(PolicyKind::CacheAware);
     let sys = serde_json::json!({"role": "system", "content": "You are terse."});
-    let a = chat_key(serde_json::json!([sys, {"role": "user", "content": "Tell me about rivers in Europe and their history. ".repeat(4)}]));
-    let b = chat_key(serde_json::json!([sys, {"role": "user", "content": "Compare sorting algorithms by their complexity. ".repeat(4)}]));
+    let a = chat_key(
+        serde_json::json!([sys, {"role": "user", "content": "Tell me about rivers in Europe and their history. ".repeat(4)}]),
+    );
+    let b = chat_key(
+        serde_json::json!([sys, {"role": "user", "content": "Compare sorting algorithms by their complexity. ".repeat(4)}]),
+    );
     assert_eq!(r.decide(&a, &[0, 1]).worker, 0);
     // b shares only "<|system|>You are terse.<|user|>" (< 30 %): a miss, routed by load.
     let d = r.decide(&b, &[1, 0]);
@@ -94,10 +102,18 @@ fn sixty_four_misses_spread_for_every_policy() {
         let r = router(kind);
         let mut loads = vec![0usize; 4];
         for i in 0..64 {
-            let d = r.decide(&text_key(&format!("unique prompt number {i} {}", "x".repeat(i))), &loads);
+            // Distinct from the first char on: every request is a miss.
+            let prompt = format!(
+                "{:016x} unique prompt",
+                (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            );
+            let d = r.decide(&text_key(&prompt), &loads);
             loads[d.worker] += 1;
         }
-        assert!(loads.iter().all(|&n| (13..=19).contains(&n)), "{kind}: {loads:?}");
+        assert!(
+            loads.iter().all(|&n| (13..=19).contains(&n)),
+            "{kind}: {loads:?}"
+        );
     }
 }
 
@@ -118,7 +134,10 @@ fn removed_worker_is_forgotten() {
     let p = "prompt held by worker two only, long enough ".repeat(3);
     assert_eq!(r.decide(&text_key(&p), &[1, 1, 0]).worker, 2);
     r.remove_worker(2);
-    assert_eq!(r.decide(&text_key(&p), &[1, 0, 1]).reason, Reason::CacheMiss);
+    assert_eq!(
+        r.decide(&text_key(&p), &[1, 0, 1]).reason,
+        Reason::CacheMiss
+    );
 }
 
 proptest! {

@@ -1,0 +1,74 @@
+//! [`Conn`]: a monoio TCP stream with a read buffer, for both sides of the proxy.
+//!
+//! monoio hands buffers to the kernel (io_uring owns them while a read is in flight), so
+//! reads append into the spare capacity of an owned `Vec` and writes pass the `Vec` by value
+//! and get it back.
+
+use monoio::buf::{IoBuf, IoBufMut};
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+use std::io;
+
+/// Smallest free space offered to one read, in bytes.
+const MIN_READ_SPACE: usize = 16 * 1024;
+
+/// A TCP connection plus the bytes read from it but not consumed yet.
+///
+/// # Invariants
+/// 1. `buf[..]` holds exactly the unconsumed bytes, in arrival order.
+pub struct Conn {
+    /// The socket.
+    pub stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    /// Wraps `stream` with an empty buffer; sets `TCP_NODELAY` (SSE chunks are small and
+    /// latency-bound).
+    pub fn new(stream: TcpStream) -> Self {
+        let _ = stream.set_nodelay(true);
+        Self {
+            stream,
+            buf: Vec::with_capacity(MIN_READ_SPACE),
+        }
+    }
+
+    /// Unconsumed bytes.
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Drops the first `n` buffered bytes.
+    pub fn consume(&mut self, n: usize) {
+        self.buf.drain(..n);
+    }
+
+    /// Takes all buffered bytes, leaving the buffer empty.
+    pub fn take_buffered(&mut self) -> Vec<u8> {
+        std::mem::replace(&mut self.buf, Vec::with_capacity(MIN_READ_SPACE))
+    }
+
+    /// Reads once, appending to the buffer. Returns the bytes read; 0 means the peer closed.
+    ///
+    /// # Errors
+    /// The socket's error.
+    pub async fn fill(&mut self) -> io::Result<usize> {
+        if self.buf.capacity() - self.buf.len() < MIN_READ_SPACE / 2 {
+            self.buf.reserve(MIN_READ_SPACE);
+        }
+        let buf = std::mem::take(&mut self.buf);
+        let (len, cap) = (buf.len(), buf.capacity());
+        let (res, slice) = self.stream.read(buf.slice_mut(len..cap)).await;
+        self.buf = slice.into_inner();
+        res
+    }
+
+    /// Writes all of `data`, returning the buffer for reuse.
+    ///
+    /// # Errors
+    /// The socket's error (e.g. the peer reset the connection).
+    pub async fn write_all<B: IoBuf + 'static>(&mut self, data: B) -> (io::Result<()>, B) {
+        let (res, data) = self.stream.write_all(data).await;
+        (res.map(|_| ()), data)
+    }
+}

@@ -1,0 +1,251 @@
+//! `kvroute demo`: the main job on an embedded default. Starts simulated engines and the
+//! gateway on loopback, replays one workload once per policy (engine caches reset between
+//! runs), and prints one comparison table. Also the helpers behind `kvroute engine` and
+//! `kvroute replay`.
+
+use crate::gateway;
+use anyhow::Context;
+use kvroute_bench::engine::{self, EngineConfig};
+use kvroute_bench::replay::{self, ReplayConfig, ReplayReport};
+use kvroute_bench::trace::{self, PromptBuilder, TraceRecord, WordIds};
+use kvroute_bench::workload::{self, WorkloadParams};
+use kvroute_core::config::{Config, PolicyKind};
+use kvroute_tokenize::Tokenizer;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Engines the demo starts.
+pub const DEMO_ENGINES: usize = 4;
+/// KV capacity of each demo engine, blocks of 16 tokens: 4,096 blocks = 65,536 tokens, about
+/// a quarter of the built-in workload's distinct prompt tokens, so a cache-blind spread of
+/// every prefix over all engines evicts, as a real fleet under load does.
+pub const DEMO_NUM_GPU_BLOCKS: usize = 4_096;
+/// Demo engines run the timing model this many times faster than real time.
+pub const DEMO_SPEEDUP_RATIO: f64 = 4.0;
+/// Trace timestamps are divided by this in the demo.
+pub const DEMO_TIME_SCALE: f64 = 4.0;
+
+/// Flags of `kvroute demo`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Replay this Mooncake-format JSONL trace instead of the built-in workload.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Take only the first N requests of the workload.
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Write the comparison as JSON to this file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Simulated engines to start.
+    #[arg(long, default_value_t = DEMO_ENGINES)]
+    pub engines: usize,
+    /// KV capacity of each engine, blocks.
+    #[arg(long, default_value_t = DEMO_NUM_GPU_BLOCKS)]
+    pub num_gpu_blocks: usize,
+    /// Engine speed-up over the timing model.
+    #[arg(long, default_value_t = DEMO_SPEEDUP_RATIO)]
+    pub speedup_ratio: f64,
+    /// Trace time compression (timestamps divided by this).
+    #[arg(long, default_value_t = DEMO_TIME_SCALE)]
+    pub time_scale: f64,
+    /// Policies to compare, in order (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL.iter().map(|p| p.to_string()).collect::<Vec<_>>())]
+    pub policies: Vec<String>,
+    /// Gateway shards [default: the cores this process may use].
+    #[arg(long)]
+    pub shards: Option<usize>,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The workload: a trace file's first `max_requests` records, or the built-in workload.
+///
+/// # Errors
+/// The trace cannot be read or parsed.
+pub fn load_records(
+    trace: Option<&Path>,
+    max_requests: Option<usize>,
+) -> anyhow::Result<Vec<TraceRecord>> {
+    let mut records = match trace {
+        Some(path) => trace::load_mooncake(path, max_requests)
+            .with_context(|| format!("loading {}", path.display()))?,
+        None => workload::builtin_workload(&WorkloadParams::default()),
+    };
+    if let Some(n) = max_requests {
+        records.truncate(n);
+    }
+    Ok(records)
+}
+
+fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// `kvroute replay`: replays `trace` (or the built-in workload) against `url`.
+///
+/// # Errors
+/// Bad URL or time scale, unreadable trace.
+pub fn replay_once(
+    url: &str,
+    trace: Option<&Path>,
+    max_requests: Option<usize>,
+    time_scale: Option<f64>,
+    model: Option<String>,
+    expected_workers: Option<usize>,
+) -> anyhow::Result<ReplayReport> {
+    let records = load_records(trace, max_requests)?;
+    let tokenizer = Tokenizer::qwen3()?;
+    let prompts = PromptBuilder::new(
+        WordIds::from_tokenizer(&tokenizer)?,
+        trace::MOONCAKE_NAMESPACE,
+    );
+    let mut cfg = ReplayConfig {
+        url: url.to_string(),
+        progress: true,
+        expected_workers,
+        ..ReplayConfig::default()
+    };
+    if let Some(t) = time_scale {
+        cfg.time_scale = t;
+    }
+    if let Some(m) = model {
+        cfg.model = m;
+    }
+    let rt = tokio_runtime()?;
+    Ok(rt.block_on(replay::replay(cfg, &records, &prompts))?)
+}
+
+/// `kvroute engine`: serves one simulated engine until the process is killed.
+///
+/// # Errors
+/// The listen address cannot be bound.
+pub fn run_engine_forever(cfg: EngineConfig, tokenizer: Tokenizer) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(cfg.listen)
+            .await
+            .with_context(|| format!("binding {}", cfg.listen))?;
+        tracing::info!(addr = %cfg.listen, model = %cfg.model_name, "engine listening");
+        engine::server::serve(listener, cfg, Arc::new(tokenizer)).await
+    })
+}
+
+/// `kvroute demo`.
+///
+/// # Errors
+/// Engines or the gateway cannot start, the trace cannot be read.
+pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let records = load_records(args.trace.as_deref(), args.max_requests)?;
+    let tokenizer = Arc::new(Tokenizer::qwen3()?);
+    let prompts = PromptBuilder::new(
+        WordIds::from_tokenizer(&tokenizer)?,
+        trace::MOONCAKE_NAMESPACE,
+    );
+    let source = match &args.trace {
+        Some(p) => p.display().to_string(),
+        None => "built-in workload".to_string(),
+    };
+    eprintln!(
+        "kvroute demo: {} requests from {source}, {} engines x {} KV blocks, speed-up {}, time scale {}",
+        records.len(),
+        args.engines,
+        args.num_gpu_blocks,
+        args.speedup_ratio,
+        args.time_scale
+    );
+    let engines: Vec<_> = (0..args.engines)
+        .map(|i| {
+            let cfg = EngineConfig {
+                listen: "127.0.0.1:0".parse().expect("literal address"),
+                num_gpu_blocks: args.num_gpu_blocks,
+                speedup_ratio: args.speedup_ratio,
+                seed: i as u64,
+                ..EngineConfig::default()
+            };
+            engine::server::spawn(cfg, tokenizer.clone())
+        })
+        .collect::<Result<_, _>>()?;
+    let urls: Vec<String> = engines
+        .iter()
+        .map(|e| format!("http://{}", e.addr))
+        .collect();
+    let rt = tokio_runtime()?;
+    let mut reports = Vec::new();
+    for policy in &args.policies {
+        let policy: PolicyKind = policy
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--policies: {e}"))?;
+        for url in &urls {
+            rt.block_on(reset_engine(url))?;
+        }
+        let cfg = Config {
+            listen: "127.0.0.1:0".to_string(),
+            workers: urls.clone(),
+            policy,
+            shards: args.shards,
+            ..Config::default()
+        };
+        let server = gateway::start(cfg, false)?;
+        let replay_cfg = ReplayConfig {
+            url: format!("http://{}", server.local_addr()),
+            time_scale: args.time_scale,
+            progress: !args.quiet,
+            expected_workers: Some(urls.len()),
+            model: engine::defaults::MODEL_NAME.to_string(),
+            ..ReplayConfig::default()
+        };
+        eprintln!("-- {policy}");
+        let report = rt.block_on(replay::replay(replay_cfg, &records, &prompts))?;
+        server.shutdown();
+        reports.push((policy.to_string(), report));
+    }
+    println!("{}", replay::comparison_table(&reports));
+    eprintln!("demo finished in {:.1} s", started.elapsed().as_secs_f64());
+    if let Some(out) = &args.out {
+        std::fs::write(
+            out,
+            serde_json::to_vec_pretty(&replay::comparison_json(&reports))?,
+        )
+        .with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
+}
+
+/// Empties an engine's prefix cache (`POST /reset_prefix_cache`), waiting up to 10 s for it to
+/// go idle first (vLLM refuses a reset while requests hold blocks).
+async fn reset_engine(url: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = post_empty(url, "/reset_prefix_cache").await?;
+        if status == 200 || Instant::now() > deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn post_empty(url: &str, path: &str) -> anyhow::Result<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authority = url.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(authority).await?;
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).await?;
+    let line = String::from_utf8_lossy(&resp[..resp.len().min(16)]).to_string();
+    line.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("bad response from {url}{path}"))
+}

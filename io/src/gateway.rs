@@ -1,0 +1,52 @@
+//! Turns a [`Config`] into running shards: validates it, builds the worker registry, the
+//! router and the metrics, resolves worker addresses, and starts [`shard::start`].
+
+use crate::shard::{self, Server, Settings, Shared};
+use kvroute_core::config::{Config, defaults};
+use kvroute_core::metrics::Metrics;
+use kvroute_core::policy::Router;
+use kvroute_core::workers::Workers;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Starts `kvroute serve` with `cfg`.
+///
+/// # Errors
+/// An invalid config (named field), a worker host that does not resolve, or a listen address
+/// that cannot be bound.
+pub fn start(cfg: Config, force_epoll: bool) -> anyhow::Result<Server> {
+    let cfg = cfg.validate()?;
+    let workers = Arc::new(Workers::new(&cfg.workers)?);
+    let targets = shard::resolve_targets(&workers)?;
+    let shards = cfg.shards.unwrap_or_else(|| {
+        core_affinity::get_core_ids()
+            .map(|c| c.len())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    });
+    let settings = Settings {
+        listen: cfg.listen.clone(),
+        shards,
+        max_body_bytes: cfg.max_body_bytes,
+        max_head_bytes: defaults::MAX_HEAD_BYTES,
+        request_timeout: Duration::from_secs(cfg.request_timeout_secs),
+        upstream_idle_timeout: Duration::from_millis(cfg.upstream_idle_timeout_ms),
+        connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+        force_epoll,
+    };
+    let router = Router::new(&cfg);
+    let shared = Shared {
+        settings,
+        policy_name: cfg.policy.as_str(),
+        workers,
+        targets,
+        router,
+        metrics: Metrics::new(),
+    };
+    tracing::info!(
+        policy = shared.policy_name,
+        workers = shared.targets.len(),
+        "gateway configured"
+    );
+    Ok(shard::start(shared)?)
+}

@@ -1,0 +1,424 @@
+//! The gateway end to end on loopback, against simulated engines started in-process.
+
+mod common;
+
+use common::*;
+use kvroute_bench::engine::{self, EngineConfig};
+use kvroute_core::config::{Config, PolicyKind};
+use kvroute_io::gateway;
+use kvroute_io::shard::Server;
+use kvroute_tokenize::Tokenizer;
+use serde_json::json;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+fn tokenizer() -> Tokenizer {
+    static TOK: OnceLock<Tokenizer> = OnceLock::new();
+    TOK.get_or_init(|| Tokenizer::qwen3().expect("embedded tokenizer"))
+        .clone()
+}
+
+fn engine_with(speedup_ratio: f64, seed: u64) -> engine::server::EngineHandle {
+    let cfg = EngineConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        speedup_ratio,
+        seed,
+        ..EngineConfig::default()
+    };
+    engine::server::spawn(cfg, std::sync::Arc::new(tokenizer())).expect("engine starts")
+}
+
+fn gateway_for(urls: Vec<String>, policy: PolicyKind, tweak: impl FnOnce(&mut Config)) -> Server {
+    let mut cfg = Config {
+        listen: "127.0.0.1:0".into(),
+        workers: urls,
+        policy,
+        shards: Some(2),
+        ..Config::default()
+    };
+    tweak(&mut cfg);
+    gateway::start(cfg, false).expect("gateway starts")
+}
+
+fn url_of(h: &engine::server::EngineHandle) -> String {
+    format!("http://{}", h.addr)
+}
+
+/// Drops the fields that differ between two identical requests (`id`, `created`).
+fn normalise(v: &mut serde_json::Value) {
+    if let Some(o) = v.as_object_mut() {
+        o.remove("id");
+        o.remove("created");
+    }
+}
+
+fn chat(content: &str, stream: bool, max_tokens: u32) -> serde_json::Value {
+    json!({
+        "model": "qwen3-sim",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "stream_options": {"include_usage": true},
+    })
+}
+
+/// SSE events of a streamed body, `[DONE]` included, JSON normalised.
+fn sse_events(body: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(body)
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(|d| match serde_json::from_str::<serde_json::Value>(d) {
+            Ok(mut v) => {
+                normalise(&mut v);
+                v.to_string()
+            }
+            Err(_) => d.to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn responses_through_the_router_equal_direct_responses() {
+    // Two identical fresh engines: one is called directly, one through the gateway.
+    let direct = engine_with(0.0, 7);
+    let behind = engine_with(0.0, 7);
+    let gw = gateway_for(vec![url_of(&behind)], PolicyKind::CacheAware, |_| {});
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(20);
+    for (i, stream) in [false, true].into_iter().enumerate() {
+        let body = chat(&format!("{i}{text}"), stream, 12);
+        let a = post(direct.addr, "/v1/chat/completions", &body);
+        let b = post(gw.local_addr(), "/v1/chat/completions", &body);
+        assert_eq!((a.status, b.status), (200, 200), "{}", b.text());
+        assert_eq!(b.header("x-kvroute-worker"), Some(url_of(&behind).as_str()));
+        assert_eq!(a.header("content-type"), b.header("content-type"));
+        if stream {
+            let (ea, eb) = (sse_events(&a.body), sse_events(&b.body));
+            assert!(
+                ea.len() >= 4 && ea.last().map(String::as_str) == Some("[DONE]"),
+                "{ea:?}"
+            );
+            assert_eq!(ea, eb);
+        } else {
+            let (mut ja, mut jb) = (a.json(), b.json());
+            normalise(&mut ja);
+            normalise(&mut jb);
+            assert_eq!(ja["usage"]["completion_tokens"], 12);
+            assert_eq!(ja, jb);
+        }
+    }
+    gw.shutdown();
+}
+
+#[test]
+fn concurrent_misses_spread_over_all_workers() {
+    // Real-time engines keep requests in flight, so loads differ while requests arrive.
+    let engines: Vec<_> = (0..4).map(|i| engine_with(1.0, i)).collect();
+    let urls: Vec<String> = engines.iter().map(url_of).collect();
+    for policy in PolicyKind::ALL {
+        let gw = gateway_for(urls.clone(), policy, |_| {});
+        let addr = gw.local_addr();
+        let handles: Vec<_> = (0..64)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    // Unique prompts: every request is a miss for cache_aware.
+                    let body = chat(
+                        &format!("unique request {i} {}", "lorem ipsum ".repeat(i % 7 + 1)),
+                        false,
+                        4,
+                    );
+                    post(addr, "/v1/chat/completions", &body)
+                })
+            })
+            .collect();
+        let mut per_worker: HashMap<String, usize> = HashMap::new();
+        for h in handles {
+            let r = h.join().unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+            *per_worker
+                .entry(r.header("x-kvroute-worker").unwrap().to_string())
+                .or_default() += 1;
+        }
+        assert_eq!(per_worker.len(), 4, "{policy}: {per_worker:?}");
+        assert!(
+            per_worker.values().all(|&n| n <= 32),
+            "{policy}: {per_worker:?} (> 2x fair share of 16)"
+        );
+        assert!(
+            wait_until(Duration::from_secs(2), || gw
+                .shared()
+                .workers
+                .loads()
+                .iter()
+                .all(|&l| l == 0)),
+            "in-flight counts return to 0"
+        );
+        gw.shutdown();
+    }
+}
+
+#[test]
+fn cache_aware_keeps_a_conversation_and_misses_on_a_shared_system_prompt() {
+    let engines: Vec<_> = (0..2).map(|i| engine_with(1.0, i)).collect();
+    let urls: Vec<String> = engines.iter().map(url_of).collect();
+    let gw = gateway_for(urls, PolicyKind::CacheAware, |_| {});
+    let addr = gw.local_addr();
+    let system = "You are a helpful assistant.";
+    let user1 = "Tell me about the history of the printing press in Europe. ".repeat(8);
+    let turn1 = json!({"model": "m", "max_tokens": 2, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": user1}]});
+    let r1 = post(addr, "/v1/chat/completions", &turn1);
+    assert_eq!(r1.status, 200);
+    let w1 = r1.header("x-kvroute-worker").unwrap().to_string();
+    let turn2 = json!({"model": "m", "max_tokens": 2, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": user1},
+        {"role": "assistant", "content": r1.json()["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And in Asia?"}]});
+    for _ in 0..3 {
+        let r2 = post(addr, "/v1/chat/completions", &turn2);
+        assert_eq!(
+            r2.header("x-kvroute-worker"),
+            Some(w1.as_str()),
+            "turn 2 follows turn 1"
+        );
+    }
+    // Hold a long stream open on w1 so the loads differ: a miss must go to the other worker,
+    // while a (wrong) hit on the shared system prompt would stay on w1 (not hot: 1 < 64).
+    let mut holder = TcpStream::connect(addr).unwrap();
+    let long = serde_json::to_vec(&json!({"model": "m", "max_tokens": 2000, "stream": true, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": user1},
+        {"role": "assistant", "content": "x"}, {"role": "user", "content": "Write a long essay."}]}))
+    .unwrap();
+    holder
+        .write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+                long.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    holder.write_all(&long).unwrap();
+    let mut first = [0u8; 64];
+    let _ = holder.read(&mut first).unwrap();
+    let w1_id = if w1.ends_with(&engines[0].addr.port().to_string()) {
+        0
+    } else {
+        1
+    };
+    assert!(wait_until(Duration::from_secs(2), || gw
+        .shared()
+        .workers
+        .loads()[w1_id]
+        == 1));
+    let other = json!({"model": "m", "max_tokens": 2, "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Explain how a transistor amplifies a signal, step by step. ".repeat(8)}]});
+    let r3 = post(addr, "/v1/chat/completions", &other);
+    assert_ne!(
+        r3.header("x-kvroute-worker"),
+        Some(w1.as_str()),
+        "a shared short system prompt is a miss"
+    );
+    let metrics = get(addr, "/metrics").text();
+    assert!(
+        metric(
+            &metrics,
+            "kvroute_decisions_total{policy=\"cache_aware\",reason=\"miss\"}"
+        )
+        .unwrap_or(0.0)
+            >= 2.0,
+        "{metrics}"
+    );
+    assert!(
+        metric(
+            &metrics,
+            "kvroute_decisions_total{policy=\"cache_aware\",reason=\"hit\"}"
+        )
+        .unwrap_or(0.0)
+            >= 3.0,
+        "{metrics}"
+    );
+    drop(holder);
+    gw.shutdown();
+}
+
+#[test]
+fn client_disconnect_mid_stream_releases_load_and_closes_upstream() {
+    let eng = engine_with(1.0, 1);
+    let gw = gateway_for(vec![url_of(&eng)], PolicyKind::LeastRequest, |_| {});
+    let body =
+        serde_json::to_vec(&chat("stream me a very long answer please", true, 5000)).unwrap();
+    let mut s = TcpStream::connect(gw.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    s.write_all(&body).unwrap();
+    // Read until at least two SSE events arrived: the stream is live.
+    let mut got = Vec::new();
+    let mut tmp = [0u8; 4096];
+    while got.windows(6).filter(|w| w == b"data: ").count() < 2 {
+        let n = s.read(&mut tmp).unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&tmp[..n]);
+    }
+    assert_eq!(gw.shared().workers.loads(), vec![1]);
+    let running = || {
+        metric(
+            &get(eng.addr, "/metrics").text(),
+            "vllm:num_requests_running",
+        )
+        .unwrap_or(-1.0)
+    };
+    assert_eq!(running(), 1.0);
+    drop(s);
+    assert!(
+        wait_until(Duration::from_secs(3), || gw.shared().workers.loads()
+            == vec![0]),
+        "in-flight released after the client left"
+    );
+    assert!(
+        wait_until(Duration::from_secs(3), || running() == 0.0),
+        "engine aborted the request"
+    );
+    gw.shutdown();
+}
+
+fn error_of(r: &Response) -> serde_json::Value {
+    let v = r.json();
+    assert!(
+        v["error"]["message"].is_string() && v["error"]["type"].is_string(),
+        "{v}"
+    );
+    assert_eq!(v["error"]["code"], r.status);
+    v
+}
+
+#[test]
+fn client_errors_431_413_400() {
+    let eng = engine_with(0.0, 1);
+    let gw = gateway_for(vec![url_of(&eng)], PolicyKind::CacheAware, |c| {
+        c.max_body_bytes = 1024
+    });
+    let addr = gw.local_addr();
+    let big_head = format!(
+        "GET /health HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+        "a".repeat(70 * 1024)
+    );
+    let r = send_raw(addr, big_head.as_bytes());
+    assert_eq!(r.status, 431);
+    error_of(&r);
+    let r = send_raw(
+        addr,
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 4096\r\n\r\n",
+    );
+    assert_eq!(r.status, 413);
+    error_of(&r);
+    let chunked = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n800\r\n{}\r\n0\r\n\r\n",
+        "a".repeat(2048)
+    );
+    assert_eq!(send_raw(addr, chunked.as_bytes()).status, 413);
+    let r = send_raw(
+        addr,
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 9\r\n\r\nnot json!",
+    );
+    assert_eq!(r.status, 400);
+    error_of(&r);
+    let r = send_raw(addr, b"GARBAGE\x01\r\n\r\n");
+    assert_eq!(r.status, 400);
+    // A chunked request body is de-chunked and forwarded.
+    let json = br#"{"model":"m","prompt":"hello there","max_tokens":3}"#;
+    let mut raw = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n",
+        10
+    )
+    .into_bytes();
+    raw.extend_from_slice(&json[..10]);
+    raw.extend_from_slice(format!("\r\n{:x}\r\n", json.len() - 10).as_bytes());
+    raw.extend_from_slice(&json[10..]);
+    raw.extend_from_slice(b"\r\n0\r\n\r\n");
+    let r = send_raw(addr, &raw);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["completion_tokens"], 3);
+    assert_eq!(get(addr, "/nope").status, 404);
+    assert_eq!(get(addr, "/health").status, 200);
+    gw.shutdown();
+}
+
+#[test]
+fn worker_errors_502_and_504() {
+    // 502: nothing listens on the worker's port.
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead: SocketAddr = closed.local_addr().unwrap();
+    drop(closed);
+    let gw = gateway_for(
+        vec![format!("http://{dead}")],
+        PolicyKind::RoundRobin,
+        |_| {},
+    );
+    let r = post(gw.local_addr(), "/v1/completions", &json!({"prompt": "x"}));
+    assert_eq!(r.status, 502);
+    error_of(&r);
+    assert_eq!(
+        r.header("x-kvroute-worker"),
+        Some(format!("http://{dead}").as_str())
+    );
+    assert_eq!(gw.shared().workers.loads(), vec![0]);
+    gw.shutdown();
+    // 504: the worker accepts and never answers.
+    let hang = TcpListener::bind("127.0.0.1:0").unwrap();
+    let hang_addr = hang.local_addr().unwrap();
+    let keeper = std::thread::spawn(move || {
+        let conns: Vec<_> = hang.incoming().take(1).collect();
+        std::thread::sleep(Duration::from_secs(3));
+        drop(conns);
+    });
+    let gw = gateway_for(
+        vec![format!("http://{hang_addr}")],
+        PolicyKind::RoundRobin,
+        |c| c.request_timeout_secs = 1,
+    );
+    let t0 = std::time::Instant::now();
+    let r = post(gw.local_addr(), "/v1/completions", &json!({"prompt": "x"}));
+    assert_eq!(r.status, 504);
+    error_of(&r);
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    assert_eq!(gw.shared().workers.loads(), vec![0]);
+    gw.shutdown();
+    keeper.join().unwrap();
+}
+
+#[test]
+fn keep_alive_reuses_client_and_upstream_connections() {
+    let eng = engine_with(0.0, 1);
+    let gw = gateway_for(vec![url_of(&eng)], PolicyKind::RoundRobin, |c| {
+        c.shards = Some(1)
+    });
+    let mut s = TcpStream::connect(gw.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for i in 0..5 {
+        let body = format!(r#"{{"model":"m","prompt":"request {i}","max_tokens":2}}"#);
+        s.write_all(
+            format!(
+                "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let r = read_response(&mut s);
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.json()["usage"]["completion_tokens"], 2);
+        assert!(r.header("connection").is_none());
+    }
+    gw.shutdown();
+}
