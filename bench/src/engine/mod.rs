@@ -14,3 +14,4 @@ pub mod server;
 
 pub use config::EngineConfig;
 pub use model::{EngineCore, EngineError, EngineStats, StepOutput, TokenOut};
+pub use server::{EngineHandle, render_metrics, serve, spawn};

@@ -1,1 +1,977 @@
-//! placeholder
+//! HTTP front end of the simulated engine (`engine-model.md` §6–§7): tokio + hyper 1 (HTTP/1.1).
+//!
+//! One **driver** task owns the [`EngineCore`] and steps it in wall-clock mode: after each step
+//! it sleeps the modelled step time (accumulated, slept once ≥ [`defaults::MIN_SLEEP_MS`] so
+//! sub-millisecond steps batch), then delivers tokens to per-request tokio channels.
+//! Connection tasks parse requests, tokenize, send commands to the driver and stream replies.
+//! A request whose client goes away is aborted in the engine: dropping the response body (or
+//! the handler future) sends an abort, and a failed token send aborts too.
+//!
+//! | endpoint | reply |
+//! |---|---|
+//! | `POST /v1/chat/completions` | OpenAI chat; `messages` rendered with the tokenizer's chat template (generation prompt on) |
+//! | `POST /v1/completions` | OpenAI completions; `prompt` is a string or a list of token ids |
+//! | `POST /generate` | SGLang native; `text` or `input_ids`, `sampling_params.max_new_tokens`, `meta_info.cached_tokens` |
+//! | `GET /v1/models`, `GET /health` | discovery, liveness |
+//! | `GET /metrics` | vLLM Prometheus gauges and counters, labels `model_name`, `engine` |
+//! | `POST /reset_prefix_cache` | drops cached blocks (409 while requests hold blocks) |
+//!
+//! Output text is the filler words of [`tokens::OUTPUT_VOCAB`] (Qwen3 ids), deterministic per
+//! (seed, request id); request ids count up from 0 per server in arrival order.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures_util::Stream;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use kvroute_tokenize::Tokenizer;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use super::model::tokens;
+use super::model::{EngineCore, EngineError, EngineStats, TokenOut};
+use super::{EngineConfig, defaults};
+
+/// Largest accepted request body, in bytes (a 128 Ki-token prompt is well under 4 MiB).
+const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// Value of the `engine` metric label (data-parallel rank; one rank per server).
+const ENGINE_LABEL: &str = "0";
+
+/// Response body: a full buffer or an SSE stream.
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// A running engine started by [`spawn`]. Dropping it (or calling [`EngineHandle::shutdown`])
+/// stops the server and joins its thread; in-flight requests are cut.
+#[derive(Debug)]
+pub struct EngineHandle {
+    /// Address actually bound (useful with port 0).
+    pub addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EngineHandle {
+    /// Stops the server and waits for its thread to exit.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Binds `cfg.listen` (port 0 picks a free port) and runs [`serve`] on a dedicated thread with
+/// a current-thread tokio runtime, so several engines can live in one process (the demo runs
+/// four). `tokenizer` is shared; load it once.
+///
+/// # Errors
+/// The listen address cannot be bound, the runtime or thread cannot be created, or `cfg` is
+/// invalid (checked before returning, see [`EngineCore::new`]).
+pub fn spawn(cfg: EngineConfig, tokenizer: Arc<Tokenizer>) -> std::io::Result<EngineHandle> {
+    EngineCore::new(&cfg).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let std_listener = std::net::TcpListener::bind(cfg.listen)?;
+    std_listener.set_nonblocking(true)?;
+    let addr = std_listener.local_addr()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (tx, rx) = oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name(format!("engine-{}", addr.port()))
+        .spawn(move || {
+            rt.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(std_listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::error!(%addr, "engine listener: {e}");
+                        return;
+                    }
+                };
+                let stop = async {
+                    let _ = rx.await;
+                };
+                if let Err(e) = serve_until(listener, cfg, tokenizer, stop).await {
+                    tracing::error!(%addr, "engine stopped: {e:#}");
+                }
+            });
+        })?;
+    Ok(EngineHandle {
+        addr,
+        shutdown: Some(tx),
+        thread: Some(thread),
+    })
+}
+
+/// Serves the engine on `listener` until the task is dropped. Spawns the driver task and one
+/// task per connection on the current tokio runtime. Idle keep-alive connections close after
+/// `cfg.keep_alive_timeout_ms` (hyper's header-read timeout, which also runs while idle).
+///
+/// # Errors
+/// `cfg` is invalid ([`EngineError::InvalidConfig`]). Accept errors are logged and retried.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    cfg: EngineConfig,
+    tokenizer: Arc<Tokenizer>,
+) -> anyhow::Result<()> {
+    serve_until(listener, cfg, tokenizer, std::future::pending()).await
+}
+
+async fn serve_until(
+    listener: tokio::net::TcpListener,
+    cfg: EngineConfig,
+    tokenizer: Arc<Tokenizer>,
+    stop: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let core = EngineCore::new(&cfg)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let driver = tokio::spawn(drive(core, rx));
+    let keep_alive =
+        (cfg.keep_alive_timeout_ms > 0).then(|| Duration::from_millis(cfg.keep_alive_timeout_ms));
+    let shared = Arc::new(Shared {
+        cfg,
+        tokenizer,
+        tx,
+        next_id: AtomicU64::new(0),
+    });
+    tokio::pin!(stop);
+    loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!("engine accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(route(shared, req).await) }
+            });
+            let mut b = http1::Builder::new();
+            b.timer(TokioTimer::new()).header_read_timeout(keep_alive);
+            let _ = b.serve_connection(TokioIo::new(stream), svc).await;
+        });
+    }
+    driver.abort();
+    Ok(())
+}
+
+/// State shared by connection tasks.
+struct Shared {
+    cfg: EngineConfig,
+    tokenizer: Arc<Tokenizer>,
+    tx: mpsc::UnboundedSender<Command>,
+    next_id: AtomicU64,
+}
+
+/// Messages from connection tasks to the driver.
+enum Command {
+    Add {
+        req_id: u64,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+        tokens: mpsc::UnboundedSender<TokenOut>,
+        reply: oneshot::Sender<Result<(), EngineError>>,
+    },
+    Abort {
+        req_id: u64,
+    },
+    Stats {
+        reply: oneshot::Sender<EngineStats>,
+    },
+    Reset {
+        reply: oneshot::Sender<Result<usize, EngineError>>,
+    },
+}
+
+/// Driver: owns the engine, applies commands, steps while there is work, sleeps the modelled
+/// time, delivers tokens. Ends when every command sender is gone.
+async fn drive(mut core: EngineCore, mut rx: mpsc::UnboundedReceiver<Command>) {
+    let mut streams: HashMap<u64, mpsc::UnboundedSender<TokenOut>> = HashMap::new();
+    let start = Instant::now();
+    // Modelled time not yet slept, in ms; negative after oversleeping (bounded credit).
+    let mut debt_ms = 0.0f64;
+    loop {
+        if core.is_idle() {
+            debt_ms = 0.0;
+            match rx.recv().await {
+                Some(c) => apply(&mut core, &mut streams, c),
+                None => return,
+            }
+        }
+        while let Ok(c) = rx.try_recv() {
+            apply(&mut core, &mut streams, c);
+        }
+        if core.is_idle() {
+            continue;
+        }
+        let out = core.step(start.elapsed().as_secs_f64() * 1e3);
+        debt_ms += out.duration_ms;
+        if debt_ms >= defaults::MIN_SLEEP_MS {
+            let t0 = Instant::now();
+            tokio::time::sleep(Duration::from_secs_f64(debt_ms / 1e3)).await;
+            debt_ms = (debt_ms - t0.elapsed().as_secs_f64() * 1e3).max(-50.0);
+        } else {
+            tokio::task::yield_now().await;
+        }
+        for (id, tok) in out.outputs {
+            let finished = tok.finish.is_some();
+            let Some(tx) = streams.get(&id) else {
+                continue;
+            };
+            if tx.send(tok).is_err() {
+                streams.remove(&id);
+                if !finished {
+                    core.abort(id);
+                }
+            } else if finished {
+                streams.remove(&id);
+            }
+        }
+    }
+}
+
+fn apply(
+    core: &mut EngineCore,
+    streams: &mut HashMap<u64, mpsc::UnboundedSender<TokenOut>>,
+    c: Command,
+) {
+    match c {
+        Command::Add {
+            req_id,
+            prompt,
+            max_tokens,
+            tokens,
+            reply,
+        } => {
+            let r = core.add_request(req_id, prompt, max_tokens);
+            if r.is_ok() {
+                streams.insert(req_id, tokens);
+            }
+            let _ = reply.send(r);
+        }
+        Command::Abort { req_id } => {
+            core.abort(req_id);
+            streams.remove(&req_id);
+        }
+        Command::Stats { reply } => {
+            let _ = reply.send(core.stats());
+        }
+        Command::Reset { reply } => {
+            let _ = reply.send(core.reset_prefix_cache());
+        }
+    }
+}
+
+/// Sends an abort for `req_id` when dropped while armed (client went away mid-request).
+struct AbortGuard {
+    req_id: u64,
+    tx: mpsc::UnboundedSender<Command>,
+    armed: bool,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.tx.send(Command::Abort {
+                req_id: self.req_id,
+            });
+        }
+    }
+}
+
+async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_owned();
+    match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/health") => response(StatusCode::OK, "text/plain", Bytes::new()),
+        (Method::GET, "/v1/models") => json_response(StatusCode::OK, &models_json(&shared.cfg)),
+        (Method::GET, "/metrics") => match ask(&shared, |reply| Command::Stats { reply }).await {
+            Some(s) => response(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                render_metrics(&shared.cfg.model_name, &s).into(),
+            ),
+            None => engine_gone(),
+        },
+        (Method::POST, "/reset_prefix_cache") => {
+            match ask(&shared, |reply| Command::Reset { reply }).await {
+                Some(Ok(_)) => response(StatusCode::OK, "text/plain", Bytes::new()),
+                Some(Err(e)) => error_response(StatusCode::CONFLICT, &e.to_string()),
+                None => engine_gone(),
+            }
+        }
+        (Method::POST, "/v1/chat/completions") => generate(shared, req, Api::Chat).await,
+        (Method::POST, "/v1/completions") => generate(shared, req, Api::Completion).await,
+        (Method::POST, "/generate") => generate(shared, req, Api::Sglang).await,
+        (
+            _,
+            "/health"
+            | "/v1/models"
+            | "/metrics"
+            | "/reset_prefix_cache"
+            | "/v1/chat/completions"
+            | "/v1/completions"
+            | "/generate",
+        ) => error_response(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+        _ => error_response(StatusCode::NOT_FOUND, &format!("no route for {path}")),
+    }
+}
+
+/// Sends a command built around a reply channel and awaits the reply; `None` if the driver
+/// is gone.
+async fn ask<T>(shared: &Shared, cmd: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+    let (tx, rx) = oneshot::channel();
+    shared.tx.send(cmd(tx)).ok()?;
+    rx.await.ok()
+}
+
+/// Which API a generation request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Chat,
+    Completion,
+    Sglang,
+}
+
+/// A validated generation request.
+#[derive(Debug, Clone, PartialEq)]
+struct GenRequest {
+    prompt: Vec<u32>,
+    max_tokens: u32,
+    stream: bool,
+    include_usage: bool,
+}
+
+/// Parses a generation body into token ids and options. The error is the 400 message.
+fn parse_gen(tok: &Tokenizer, api: Api, body: &Value) -> Result<GenRequest, String> {
+    let obj = body
+        .as_object()
+        .ok_or("request body must be a JSON object")?;
+    let stream = match obj.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err("'stream' must be a boolean".into()),
+    };
+    let include_usage = obj
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let int_field = |v: Option<&Value>, name: &str| -> Result<Option<u32>, String> {
+        match v {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| format!("'{name}' must be a non-negative integer")),
+        }
+    };
+    let (prompt, max_tokens) = match api {
+        Api::Chat => {
+            let messages = obj.get("messages").ok_or("'messages' is required")?;
+            if !messages.is_array() {
+                return Err("'messages' must be an array".into());
+            }
+            let text = tok
+                .render_chat(messages, true)
+                .map_err(|e| format!("cannot render chat template: {e}"))?;
+            let max = match int_field(obj.get("max_completion_tokens"), "max_completion_tokens")? {
+                Some(m) => Some(m),
+                None => int_field(obj.get("max_tokens"), "max_tokens")?,
+            };
+            (tok.encode(&text), max)
+        }
+        Api::Completion => {
+            let prompt = match obj.get("prompt") {
+                Some(Value::String(s)) => tok.encode(s),
+                Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+                    tok.encode(a[0].as_str().unwrap_or_default())
+                }
+                Some(Value::Array(a)) => token_ids(a, "prompt")?,
+                _ => return Err("'prompt' must be a string or a list of token ids".into()),
+            };
+            (prompt, int_field(obj.get("max_tokens"), "max_tokens")?)
+        }
+        Api::Sglang => {
+            let prompt = match (obj.get("input_ids"), obj.get("text")) {
+                (Some(Value::Array(a)), _) => token_ids(a, "input_ids")?,
+                (_, Some(Value::String(s))) => tok.encode(s),
+                _ => return Err("'text' (string) or 'input_ids' (list of ints) is required".into()),
+            };
+            let max = int_field(
+                obj.get("sampling_params")
+                    .and_then(|s| s.get("max_new_tokens")),
+                "sampling_params.max_new_tokens",
+            )?;
+            (prompt, max)
+        }
+    };
+    Ok(GenRequest {
+        prompt,
+        max_tokens: max_tokens.unwrap_or(defaults::MAX_TOKENS),
+        stream,
+        include_usage,
+    })
+}
+
+fn token_ids(a: &[Value], name: &str) -> Result<Vec<u32>, String> {
+    a.iter()
+        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| format!("'{name}' must be a list of token ids"))
+}
+
+async fn generate(shared: Arc<Shared>, req: Request<Incoming>, api: Api) -> Response<Body> {
+    let bytes = match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return error_response(StatusCode::BAD_REQUEST, &format!("cannot read body: {e}"));
+        }
+    };
+    let body: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}")),
+    };
+    let gen_req = match parse_gen(&shared.tokenizer, api, &body) {
+        Ok(g) => g,
+        Err(msg) => return error_response(StatusCode::BAD_REQUEST, &msg),
+    };
+    let req_id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tok_tx, tok_rx) = mpsc::unbounded_channel();
+    let (reply_tx, reply_rx) = oneshot::channel();
+    let prompt_tokens = gen_req.prompt.len();
+    let add = Command::Add {
+        req_id,
+        prompt: gen_req.prompt,
+        max_tokens: gen_req.max_tokens,
+        tokens: tok_tx,
+        reply: reply_tx,
+    };
+    if shared.tx.send(add).is_err() {
+        return engine_gone();
+    }
+    let mut guard = AbortGuard {
+        req_id,
+        tx: shared.tx.clone(),
+        armed: true,
+    };
+    match reply_rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            guard.armed = false;
+            return error_response(StatusCode::BAD_REQUEST, &e.to_string());
+        }
+        Err(_) => return engine_gone(),
+    }
+    let fmt = Formatter {
+        api,
+        id: match api {
+            Api::Chat => format!("chatcmpl-{req_id}"),
+            Api::Completion => format!("cmpl-{req_id}"),
+            Api::Sglang => format!("{req_id}"),
+        },
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        model: shared.cfg.model_name.clone(),
+        include_usage: gen_req.include_usage,
+        prompt_tokens,
+    };
+    if gen_req.stream {
+        let stream = SseStream {
+            rx: tok_rx,
+            guard,
+            fmt,
+            acc: Accumulated::default(),
+            done: false,
+        };
+        let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(
+            header::CACHE_CONTROL,
+            header::HeaderValue::from_static("no-cache"),
+        );
+        return resp;
+    }
+    let mut rx = tok_rx;
+    let mut acc = Accumulated::default();
+    let mut finish = None;
+    while let Some(t) = rx.recv().await {
+        acc.push(&t);
+        if t.finish.is_some() {
+            finish = t.finish;
+            break;
+        }
+    }
+    guard.armed = false;
+    if finish.is_none() {
+        return engine_gone();
+    }
+    json_response(StatusCode::OK, &fmt.full_response(&acc))
+}
+
+/// What a request produced so far.
+#[derive(Debug, Default)]
+struct Accumulated {
+    token_ids: Vec<u32>,
+    text: String,
+    cached_tokens: u32,
+    finish: Option<&'static str>,
+}
+
+impl Accumulated {
+    /// Adds `t`; returns its text.
+    fn push(&mut self, t: &TokenOut) -> String {
+        if let Some(p) = t.prompt {
+            self.cached_tokens = p.cached_tokens;
+        }
+        self.finish = t.finish.map(|f| f.as_str());
+        self.token_ids.push(t.token_id);
+        let piece = tokens::decode_output(&[t.token_id]);
+        self.text.push_str(&piece);
+        piece
+    }
+}
+
+/// Builds response JSON for one request.
+#[derive(Debug, Clone)]
+struct Formatter {
+    api: Api,
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+    prompt_tokens: usize,
+}
+
+impl Formatter {
+    fn usage(&self, acc: &Accumulated) -> Value {
+        let completion = acc.token_ids.len();
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": acc.cached_tokens},
+        })
+    }
+
+    fn sglang_meta(&self, acc: &Accumulated) -> Value {
+        json!({
+            "id": self.id,
+            "finish_reason": acc.finish.map(|f| json!({"type": f, "length": acc.token_ids.len()})),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": acc.token_ids.len(),
+            "cached_tokens": acc.cached_tokens,
+        })
+    }
+
+    /// Non-streaming response body.
+    fn full_response(&self, acc: &Accumulated) -> Value {
+        match self.api {
+            Api::Chat => json!({
+                "id": self.id, "object": "chat.completion", "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": acc.text},
+                             "logprobs": null, "finish_reason": acc.finish}],
+                "usage": self.usage(acc),
+            }),
+            Api::Completion => json!({
+                "id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "text": acc.text, "logprobs": null,
+                             "finish_reason": acc.finish}],
+                "usage": self.usage(acc),
+            }),
+            Api::Sglang => json!({
+                "text": acc.text, "output_ids": acc.token_ids, "meta_info": self.sglang_meta(acc),
+            }),
+        }
+    }
+
+    /// SSE events for one new token: `piece` is its text; `first` when it is the first token.
+    fn token_events(&self, acc: &Accumulated, piece: &str, first: bool, out: &mut String) {
+        let chunk = match self.api {
+            Api::Chat => {
+                if first {
+                    sse(
+                        out,
+                        &self.chat_chunk(json!({"role": "assistant", "content": ""}), None),
+                    );
+                }
+                self.chat_chunk(json!({"content": piece}), acc.finish)
+            }
+            Api::Completion => json!({
+                "id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "text": piece, "logprobs": null,
+                             "finish_reason": acc.finish}],
+            }),
+            // SGLang streams the cumulative text.
+            Api::Sglang => json!({
+                "text": acc.text, "output_ids": acc.token_ids, "meta_info": self.sglang_meta(acc),
+            }),
+        };
+        sse(out, &chunk);
+        if acc.finish.is_some() {
+            if self.include_usage && self.api != Api::Sglang {
+                let object = match self.api {
+                    Api::Chat => "chat.completion.chunk",
+                    _ => "text_completion",
+                };
+                sse(
+                    out,
+                    &json!({"id": self.id, "object": object, "created": self.created,
+                            "model": self.model, "choices": [], "usage": self.usage(acc)}),
+                );
+            }
+            out.push_str("data: [DONE]\n\n");
+        }
+    }
+
+    fn chat_chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        })
+    }
+}
+
+fn sse(out: &mut String, v: &Value) {
+    out.push_str("data: ");
+    out.push_str(&v.to_string());
+    out.push_str("\n\n");
+}
+
+/// Streaming response body: every token available when polled becomes SSE events in one
+/// frame. Dropped early (client gone) → its [`AbortGuard`] aborts the request.
+struct SseStream {
+    rx: mpsc::UnboundedReceiver<TokenOut>,
+    guard: AbortGuard,
+    fmt: Formatter,
+    acc: Accumulated,
+    done: bool,
+}
+
+impl Stream for SseStream {
+    type Item = Result<Frame<Bytes>, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let mut out = String::new();
+        loop {
+            match this.rx.poll_recv(cx) {
+                Poll::Ready(Some(t)) => {
+                    let first = this.acc.token_ids.is_empty();
+                    let piece = this.acc.push(&t);
+                    this.fmt.token_events(&this.acc, &piece, first, &mut out);
+                    if t.finish.is_some() {
+                        this.guard.armed = false;
+                        this.done = true;
+                        break;
+                    }
+                }
+                // Driver gone: end the stream without [DONE] (a cut stream).
+                Poll::Ready(None) => {
+                    this.done = true;
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        if out.is_empty() {
+            if this.done {
+                Poll::Ready(None)
+            } else {
+                Poll::Pending
+            }
+        } else {
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))))
+        }
+    }
+}
+
+fn models_json(cfg: &EngineConfig) -> Value {
+    json!({"object": "list", "data": [{
+        "id": cfg.model_name, "object": "model", "created": 0, "owned_by": "vllm",
+        "root": cfg.model_name, "parent": null, "max_model_len": cfg.max_model_len,
+    }]})
+}
+
+/// Prometheus text exposition of `s` with vLLM metric names (`engine-model.md` §7), labels
+/// `engine="0"` and `model_name`. Values are printed as floats (`2.0`), as Python's client does.
+pub fn render_metrics(model_name: &str, s: &EngineStats) -> String {
+    let labels = format!(
+        "{{engine=\"{ENGINE_LABEL}\",model_name=\"{}\"}}",
+        model_name.replace('\\', "\\\\").replace('"', "\\\"")
+    );
+    let rows: [(&str, &str, &str, f64); 8] = [
+        (
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            s.running as f64,
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            s.waiting as f64,
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            s.kv_usage,
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            s.prefix_queries_tokens as f64,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            s.prefix_hits_tokens as f64,
+        ),
+        (
+            "vllm:num_preemptions_total",
+            "counter",
+            "Cumulative number of preemption from the engine.",
+            s.preemptions as f64,
+        ),
+        (
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Number of prefill tokens processed.",
+            s.prompt_tokens as f64,
+        ),
+        (
+            "vllm:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            s.generation_tokens as f64,
+        ),
+    ];
+    let mut out = String::new();
+    for (name, kind, help, v) in rows {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{labels} {v:?}\n"
+        ));
+    }
+    out
+}
+
+fn response(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
+    let mut r = Response::new(Full::new(body).boxed_unsync());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    r
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
+    response(status, "application/json", v.to_string().into())
+}
+
+/// OpenAI-style error body `{"error": {"message", "type", "code"}}`.
+fn error_response(status: StatusCode, message: &str) -> Response<Body> {
+    let kind = match status {
+        StatusCode::BAD_REQUEST => "invalid_request_error",
+        StatusCode::NOT_FOUND => "not_found_error",
+        _ => "server_error",
+    };
+    json_response(
+        status,
+        &json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}),
+    )
+}
+
+fn engine_gone() -> Response<Body> {
+    error_response(StatusCode::SERVICE_UNAVAILABLE, "engine is shutting down")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::model::{FinishReason, PromptUsage};
+    use std::sync::OnceLock;
+
+    fn tok() -> &'static Tokenizer {
+        static T: OnceLock<Tokenizer> = OnceLock::new();
+        T.get_or_init(|| Tokenizer::qwen3().expect("embedded qwen3"))
+    }
+
+    #[test]
+    fn parse_chat_renders_template_and_reads_max_tokens() {
+        let g = parse_gen(
+            tok(),
+            Api::Chat,
+            &json!({"messages": [{"role": "user", "content": "Hello"}],
+                    "max_completion_tokens": 5, "max_tokens": 9, "stream": true,
+                    "stream_options": {"include_usage": true}}),
+        )
+        .unwrap();
+        // traces.md §3: 3 head tokens + content + 5 tail tokens with the generation prompt.
+        assert_eq!(
+            g.prompt,
+            [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]
+        );
+        assert_eq!((g.max_tokens, g.stream, g.include_usage), (5, true, true));
+        let g = parse_gen(
+            tok(),
+            Api::Chat,
+            &json!({"messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .unwrap();
+        assert_eq!((g.max_tokens, g.stream), (defaults::MAX_TOKENS, false));
+        // The Qwen3 template needs at least one message: a 400, not a panic.
+        assert!(parse_gen(tok(), Api::Chat, &json!({"messages": []})).is_err());
+    }
+
+    #[test]
+    fn parse_completion_and_generate_forms() {
+        let g = parse_gen(
+            tok(),
+            Api::Completion,
+            &json!({"prompt": "hello", "max_tokens": 3}),
+        )
+        .unwrap();
+        assert_eq!((g.prompt, g.max_tokens), (vec![14990], 3));
+        let g = parse_gen(tok(), Api::Completion, &json!({"prompt": [1, 2, 3]})).unwrap();
+        assert_eq!(g.prompt, [1, 2, 3]);
+        let g = parse_gen(
+            tok(),
+            Api::Sglang,
+            &json!({"input_ids": [4, 5], "sampling_params": {"max_new_tokens": 7}}),
+        )
+        .unwrap();
+        assert_eq!((g.prompt, g.max_tokens), (vec![4, 5], 7));
+        let g = parse_gen(tok(), Api::Sglang, &json!({"text": "hello"})).unwrap();
+        assert_eq!(g.prompt, [14990]);
+        for (api, bad) in [
+            (Api::Chat, json!({"messages": "hi"})),
+            (Api::Chat, json!([1])),
+            (Api::Completion, json!({"prompt": [1, -2]})),
+            (Api::Completion, json!({"prompt": "x", "max_tokens": "3"})),
+            (Api::Sglang, json!({})),
+        ] {
+            assert!(parse_gen(tok(), api, &bad).is_err(), "{bad}");
+        }
+    }
+
+    fn tok_out(index: u32, last: bool) -> TokenOut {
+        TokenOut {
+            token_id: tokens::OUTPUT_VOCAB[index as usize].0,
+            index,
+            prompt: (index == 0).then_some(PromptUsage {
+                prompt_tokens: 10,
+                cached_tokens: 0,
+            }),
+            finish: last.then_some(FinishReason::Length),
+        }
+    }
+
+    #[test]
+    fn chat_stream_events_role_content_finish_usage_done() {
+        let fmt = Formatter {
+            api: Api::Chat,
+            id: "chatcmpl-0".into(),
+            created: 1,
+            model: "m".into(),
+            include_usage: true,
+            prompt_tokens: 10,
+        };
+        let mut acc = Accumulated::default();
+        let mut out = String::new();
+        for i in 0..2 {
+            let t = tok_out(i, i == 1);
+            let piece = acc.push(&t);
+            fmt.token_events(&acc, &piece, i == 0, &mut out);
+        }
+        let events: Vec<&str> = out
+            .split("\n\n")
+            .filter(|s| !s.is_empty())
+            .map(|s| s.strip_prefix("data: ").unwrap())
+            .collect();
+        assert_eq!(events.len(), 5);
+        let v: Vec<Value> = events[..4]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        assert_eq!(v[0]["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(v[1]["choices"][0]["delta"]["content"], " the");
+        assert_eq!(v[1]["choices"][0]["finish_reason"], Value::Null);
+        assert_eq!(v[2]["choices"][0]["delta"]["content"], " and");
+        assert_eq!(v[2]["choices"][0]["finish_reason"], "length");
+        assert_eq!(v[3]["choices"], json!([]));
+        assert_eq!(v[3]["usage"]["total_tokens"], 12);
+        assert_eq!(events[4], "[DONE]");
+    }
+
+    #[test]
+    fn metrics_text_has_vllm_names_and_labels() {
+        let s = EngineStats {
+            running: 2,
+            prefix_hits_tokens: 48,
+            ..EngineStats::default()
+        };
+        let m = render_metrics("qwen3-sim", &s);
+        assert!(
+            m.contains("vllm:num_requests_running{engine=\"0\",model_name=\"qwen3-sim\"} 2.0\n")
+        );
+        assert!(m.contains("# TYPE vllm:prefix_cache_hits_total counter\n"));
+        assert!(m.contains(
+            "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"qwen3-sim\"} 48.0\n"
+        ));
+        assert_eq!(m.lines().filter(|l| !l.starts_with('#')).count(), 8);
+    }
+}
