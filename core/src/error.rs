@@ -1,18 +1,22 @@
-//! The one error type of the core crate.
+//! [`CoreError`]: the one error type of the core crate (config and request-body errors).
+//! Variants carry data; `Display` formats it.
 
 /// Why a configuration or a request body was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CoreError {
-    /// The TOML did not parse (message from the parser, with line and column).
+    /// The TOML did not parse, has an unknown key, or a value of the wrong type (the parser's
+    /// error carries line, column and key).
     #[error("config: {0}")]
-    ConfigSyntax(String),
+    ConfigSyntax(#[from] toml::de::Error),
     /// A config value is out of range.
-    #[error("config: `{field}` {problem}")]
+    #[error("config: `{field}` must be {expected}, got {value}")]
     ConfigValue {
         /// The key, as in TOML (`cache_threshold`).
         field: &'static str,
-        /// What is wrong, e.g. "must be in [0, 1], got 2".
-        problem: String,
+        /// The value given (integers widened to `f64`).
+        value: f64,
+        /// The accepted range, e.g. `"in [0, 1]"`.
+        expected: &'static str,
     },
     /// No worker configured.
     #[error("config: at least one worker is required (--worker URL or `workers = [..]`)")]
@@ -22,13 +26,59 @@ pub enum CoreError {
     BadWorkerUrl {
         /// The URL as given.
         url: String,
-        /// What is wrong.
+        /// What is wrong (a fixed phrase, e.g. "must have a port").
         problem: &'static str,
+    },
+    /// The same worker (after normalisation) is listed twice.
+    #[error("config: worker {url} is listed twice")]
+    DuplicateWorker {
+        /// The normalised URL.
+        url: String,
     },
     /// An unknown policy name.
     #[error("unknown policy {0:?} (expected round_robin, least_request or cache_aware)")]
     UnknownPolicy(String),
-    /// The request body is not what the route expects (→ HTTP 400).
-    #[error("invalid request body: {0}")]
-    BadBody(String),
+    /// The request body is not valid JSON (→ HTTP 400).
+    #[error("request body is not valid JSON (line {line}, column {column})")]
+    BodyNotJson {
+        /// 1-based line of the first error.
+        line: usize,
+        /// 1-based column of the first error.
+        column: usize,
+    },
+    /// The request body is JSON but not an object (→ HTTP 400).
+    #[error("request body must be a JSON object")]
+    BodyNotObject,
+    /// A field routing needs is absent or null (→ HTTP 400).
+    #[error("request body: `{field}` is required")]
+    MissingField {
+        /// The field (`messages`, `prompt`, `text or input_ids`).
+        field: &'static str,
+    },
+    /// A field routing needs has the wrong JSON type (→ HTTP 400).
+    #[error("request body: `{field}` must be {expected}")]
+    WrongType {
+        /// The field (`messages`, `messages[]`, `prompt`, `text`, `input_ids`).
+        field: &'static str,
+        /// What it must be, e.g. `"an array"`.
+        expected: &'static str,
+    },
+}
+
+impl CoreError {
+    /// Short metric label (`kvroute_bad_requests_total{reason}` and the like).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CoreError::ConfigSyntax(_)
+            | CoreError::ConfigValue { .. }
+            | CoreError::NoWorkers
+            | CoreError::BadWorkerUrl { .. }
+            | CoreError::DuplicateWorker { .. }
+            | CoreError::UnknownPolicy(_) => "config",
+            CoreError::BodyNotJson { .. } => "not_json",
+            CoreError::BodyNotObject => "not_object",
+            CoreError::MissingField { .. } => "missing_field",
+            CoreError::WrongType { .. } => "wrong_type",
+        }
+    }
 }

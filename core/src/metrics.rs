@@ -159,6 +159,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn metrics_are_shared_across_shards() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Metrics>();
+        let m = std::sync::Arc::new(Metrics::new());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..250 {
+                        m.on_decision("round_robin", "round_robin");
+                        m.on_upstream_error("http://a:1", "connect");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let text = m.encode(&Workers::new(&["http://a:1".into()]).unwrap());
+        assert!(
+            text.contains(
+                "kvroute_decisions_total{policy=\"round_robin\",reason=\"round_robin\"} 1000"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "kvroute_upstream_errors_total{worker=\"http://a:1\",kind=\"connect\"} 1000"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("kvroute_worker_in_flight{worker=\"http://a:1\"} 0"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn encodes_counters_and_in_flight() {
         let m = Metrics::new();
         let w = Workers::new(&["http://a:1".into()]).unwrap();

@@ -1,9 +1,14 @@
 //! [`route_key`]: the part of a request body routing needs, parsed once; the body itself is
 //! forwarded unchanged.
+//!
+//! The parse is a single typed pass over the bytes (serde visitors): routing fields are read,
+//! strings are borrowed from the body where they have no escapes, and every other field
+//! (sampling parameters, tools, images) is skipped without being built.
 
 use crate::CoreError;
-use serde::Deserialize;
-use serde_json::Value;
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use std::borrow::Cow;
+use std::fmt;
 
 /// The inference endpoints kvroute routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,162 +24,665 @@ pub enum Endpoint {
 /// What routing needs from one request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RouteKey {
-    /// `model` field; empty when absent. The index is kept per model.
+    /// `model` field; empty when absent or not a string. The index is kept per model.
     pub model: String,
-    /// `stream` field.
+    /// `stream` field; false when absent or not a boolean.
     pub stream: bool,
-    /// Routing text. Chat: each message as `<|role|>` + its text, in order, so turn N+1's
-    /// text extends turn N's and two conversations that share only a system prompt diverge
-    /// right after it. Completions: the prompt. Generate: `text`.
+    /// Routing text. Chat: each message as `<|role|>` + its text, in order (content as a
+    /// string, or the `text` of its `type: "text"` parts), so turn N+1's text extends turn N's
+    /// and two conversations that share only a system prompt diverge right after it (bug
+    /// B19). Completions: `prompt` (first of a batch). Generate: `text` (first of a batch).
+    /// Empty when the request carries only token ids.
     pub text: String,
     /// Token ids when the request carries them (`input_ids` of `/generate`, or a token-id
     /// `prompt` of `/v1/completions`); first sequence of a batch.
     pub input_ids: Option<Vec<u32>>,
 }
 
-#[derive(Deserialize)]
-struct Body {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(default)]
-    messages: Option<Value>,
-    #[serde(default)]
-    prompt: Option<Value>,
-    #[serde(default)]
-    text: Option<Value>,
-    #[serde(default)]
-    input_ids: Option<Value>,
-}
-
-/// Parses the routing fields of `body` for `endpoint`; other fields are skipped unparsed.
+/// Parses the routing fields of `body` (JSON bytes) for `endpoint`; other fields are skipped.
+///
+/// | endpoint | routing fields |
+/// |---|---|
+/// | chat | `messages`: array of objects with `role` and `content` (string or array of parts) |
+/// | completions | `prompt`: string, array of strings (first), token ids, or array of token-id arrays (first) |
+/// | generate | `text` (string or first of an array) and/or `input_ids` (ids, or first of a batch) |
+///
+/// `model` and `stream` are read for every endpoint.
 ///
 /// # Errors
-/// [`CoreError::BadBody`] when the body is not a JSON object, `messages` is missing or not an
-/// array of objects (chat), the prompt is missing or of the wrong type (completions), or
-/// neither `text` nor `input_ids` is usable (generate).
+/// - [`CoreError::BodyNotJson`]: the bytes are not one JSON value.
+/// - [`CoreError::BodyNotObject`]: the value is not an object.
+/// - [`CoreError::MissingField`]: chat without `messages`, completions without `prompt`,
+///   generate with neither `text` nor non-empty `input_ids` (null counts as absent).
+/// - [`CoreError::WrongType`]: `messages` not an array, a message not an object, a prompt /
+///   `text` / `input_ids` of the wrong shape, or a token id that is not an integer in
+///   0..=u32::MAX.
 pub fn route_key(endpoint: Endpoint, body: &[u8]) -> Result<RouteKey, CoreError> {
-    let b: Body = serde_json::from_slice(body).map_err(|e| CoreError::BadBody(e.to_string()))?;
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let not_json = |e: serde_json::Error| CoreError::BodyNotJson {
+        line: e.line(),
+        column: e.column(),
+    };
+    let top = Top::deserialize(&mut de).map_err(not_json)?;
+    de.end().map_err(not_json)?;
+    let Top::Object(f) = top else {
+        return Err(CoreError::BodyNotObject);
+    };
     let mut key = RouteKey {
-        model: b.model.unwrap_or_default(),
-        stream: b.stream.unwrap_or(false),
+        model: f.model.map(Cow::into_owned).unwrap_or_default(),
+        stream: f.stream.unwrap_or(false),
         ..RouteKey::default()
     };
     match endpoint {
-        Endpoint::ChatCompletions => {
-            let messages = b
-                .messages
-                .ok_or_else(|| CoreError::BadBody("`messages` is required".into()))?;
-            let Value::Array(messages) = messages else {
-                return Err(CoreError::BadBody("`messages` must be an array".into()));
-            };
-            for m in &messages {
-                let Value::Object(m) = m else {
-                    return Err(CoreError::BadBody("each message must be an object".into()));
-                };
-                key.text.push_str("<|");
-                key.text
-                    .push_str(m.get("role").and_then(Value::as_str).unwrap_or(""));
-                key.text.push_str("|>");
-                push_content(&mut key.text, m.get("content"));
+        Endpoint::ChatCompletions => match f.messages {
+            None => return Err(CoreError::MissingField { field: "messages" }),
+            Some(Messages::NotArray) => {
+                return Err(CoreError::WrongType {
+                    field: "messages",
+                    expected: "an array",
+                });
             }
-        }
-        Endpoint::Completions => match b.prompt {
-            Some(p) => set_prompt(&mut key, p, "prompt")?,
-            None => return Err(CoreError::BadBody("`prompt` is required".into())),
+            Some(Messages::EntryNotObject) => {
+                return Err(CoreError::WrongType {
+                    field: "messages[]",
+                    expected: "an object",
+                });
+            }
+            Some(Messages::List(text)) => key.text = text,
+        },
+        Endpoint::Completions => match f.prompt {
+            None | Some(Prompt::Null) => return Err(CoreError::MissingField { field: "prompt" }),
+            Some(Prompt::Text(t)) => key.text = t.into_owned(),
+            Some(Prompt::Empty) => {}
+            Some(Prompt::Ids(ids)) => key.input_ids = Some(ids),
+            Some(Prompt::Invalid) => {
+                return Err(CoreError::WrongType {
+                    field: "prompt",
+                    expected: "a string, an array of strings, or token ids",
+                });
+            }
         },
         Endpoint::Generate => {
-            if let Some(ids) = b.input_ids.filter(|v| !v.is_null()) {
-                key.input_ids = Some(token_ids(&ids, "input_ids")?);
-            }
-            match b.text {
-                Some(t) if !t.is_null() => set_prompt(&mut key, t, "text")?,
-                _ if key.input_ids.is_some() => {}
-                _ => {
-                    return Err(CoreError::BadBody(
-                        "`text` or `input_ids` is required".into(),
-                    ));
+            match f.input_ids {
+                None | Some(Prompt::Null) | Some(Prompt::Empty) => {}
+                Some(Prompt::Ids(ids)) => key.input_ids = Some(ids).filter(|v| !v.is_empty()),
+                Some(Prompt::Text(_)) | Some(Prompt::Invalid) => {
+                    return Err(CoreError::WrongType {
+                        field: "input_ids",
+                        expected: "token ids or an array of token-id arrays",
+                    });
                 }
+            }
+            match f.text {
+                Some(Prompt::Text(t)) => key.text = t.into_owned(),
+                Some(Prompt::Empty) => {}
+                Some(Prompt::Ids(_)) | Some(Prompt::Invalid) => {
+                    return Err(CoreError::WrongType {
+                        field: "text",
+                        expected: "a string or an array of strings",
+                    });
+                }
+                None | Some(Prompt::Null) if key.input_ids.is_none() => {
+                    return Err(CoreError::MissingField {
+                        field: "text or input_ids",
+                    });
+                }
+                None | Some(Prompt::Null) => {}
             }
         }
     }
     Ok(key)
 }
 
-/// Appends a message's text: a string, or the `text` of `type: "text"` parts of an array.
-fn push_content(out: &mut String, content: Option<&Value>) {
-    match content {
-        Some(Value::String(s)) => out.push_str(s),
-        Some(Value::Array(parts)) => {
-            for p in parts {
-                if p.get("type").and_then(Value::as_str) == Some("text")
-                    && let Some(t) = p.get("text").and_then(Value::as_str)
-                {
-                    out.push_str(t);
-                }
-            }
-        }
-        _ => {}
-    }
+/// The top-level value: an object's routing fields, or "not an object".
+enum Top<'a> {
+    Object(Fields<'a>),
+    NotObject,
 }
 
-/// A prompt: a string, an array of strings (first), an array of ids, or an array of id
-/// arrays (first).
-fn set_prompt(key: &mut RouteKey, value: Value, field: &str) -> Result<(), CoreError> {
-    match value {
-        Value::String(s) => key.text = s,
-        Value::Array(items) => match items.first() {
-            None => key.text.clear(),
-            Some(Value::String(s)) => key.text = s.clone(),
-            Some(Value::Number(_)) | Some(Value::Array(_)) => {
-                key.input_ids = Some(token_ids(&Value::Array(items), field)?);
+#[derive(Default)]
+struct Fields<'a> {
+    model: Option<Cow<'a, str>>,
+    stream: Option<bool>,
+    messages: Option<Messages>,
+    prompt: Option<Prompt<'a>>,
+    text: Option<Prompt<'a>>,
+    input_ids: Option<Prompt<'a>>,
+}
+
+/// `messages`, already flattened into routing text.
+enum Messages {
+    List(String),
+    NotArray,
+    EntryNotObject,
+}
+
+/// A prompt-like field (`prompt`, `text`, `input_ids`), first sequence of a batch.
+enum Prompt<'a> {
+    Text(Cow<'a, str>),
+    Ids(Vec<u32>),
+    /// `[]`.
+    Empty,
+    Null,
+    Invalid,
+}
+
+/// Implements `Deserialize` through `deserialize_any` with the visitor `$visitor`.
+macro_rules! deserialize_any_with {
+    ($ty:ty, $visitor:expr) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_any($visitor)
             }
-            Some(_) => {
-                return Err(CoreError::BadBody(format!(
-                    "`{field}` has an invalid element"
-                )));
-            }
-        },
-        _ => {
-            return Err(CoreError::BadBody(format!(
-                "`{field}` must be a string or an array"
-            )));
         }
-    }
+    };
+}
+
+/// Drains a sequence the caller does not need.
+fn skip_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<IgnoredAny>()?.is_some() {}
     Ok(())
 }
 
-/// Token ids from `[1, 2]` or `[[1, 2], [3]]` (first sequence).
-fn token_ids(v: &Value, field: &str) -> Result<Vec<u32>, CoreError> {
-    let bad = || {
-        CoreError::BadBody(format!(
-            "`{field}` must be token ids (non-negative integers)"
-        ))
-    };
-    let seq = match v {
-        Value::Array(items) if matches!(items.first(), Some(Value::Array(_))) => &items[0],
-        other => other,
-    };
-    let Value::Array(items) = seq else {
-        return Err(bad());
-    };
-    items
-        .iter()
-        .map(|x| {
-            x.as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(bad)
-        })
-        .collect()
+/// Drains a map the caller does not need.
+fn skip_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
 }
+
+/// A value kept only when it has the expected JSON type; anything else is skipped.
+struct Loose<T>(Option<T>);
+
+/// A string borrowed from the body when it has no escapes.
+struct Str<'a>(Cow<'a, str>);
+
+struct StrVisitor;
+impl<'de> Visitor<'de> for StrVisitor {
+    type Value = Loose<Str<'de>>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Loose(Some(Str(Cow::Borrowed(v)))))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Loose(Some(Str(Cow::Owned(v.to_owned())))))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Loose(Some(Str(Cow::Owned(v)))))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Loose(None))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Loose(None))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Loose(None))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Loose(None))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Loose(None))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        skip_seq(seq).map(|()| Loose(None))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        skip_map(map).map(|()| Loose(None))
+    }
+}
+deserialize_any_with!(Loose<Str<'de>>, StrVisitor);
+
+struct BoolVisitor;
+impl<'de> Visitor<'de> for BoolVisitor {
+    type Value = Loose<bool>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a boolean")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(Loose(Some(v)))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Loose(None))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Loose(None))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(Loose(None))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Loose(None))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Loose(None))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        skip_seq(seq).map(|()| Loose(None))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        skip_map(map).map(|()| Loose(None))
+    }
+}
+deserialize_any_with!(Loose<bool>, BoolVisitor);
+
+/// Object keys routing reads; `Other` for the rest (matched without allocating).
+enum Key {
+    Model,
+    Stream,
+    Messages,
+    Prompt,
+    Text,
+    InputIds,
+    Role,
+    Content,
+    Type,
+    Other,
+}
+
+struct KeyVisitor;
+impl Visitor<'_> for KeyVisitor {
+    type Value = Key;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object key")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Key, E> {
+        Ok(match v {
+            "model" => Key::Model,
+            "stream" => Key::Stream,
+            "messages" => Key::Messages,
+            "prompt" => Key::Prompt,
+            "text" => Key::Text,
+            "input_ids" => Key::InputIds,
+            "role" => Key::Role,
+            "content" => Key::Content,
+            "type" => Key::Type,
+            _ => Key::Other,
+        })
+    }
+}
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_identifier(KeyVisitor)
+    }
+}
+
+struct TopVisitor;
+impl<'de> Visitor<'de> for TopVisitor {
+    type Value = Top<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top<'de>, A::Error> {
+        let mut f = Fields::default();
+        while let Some(k) = map.next_key::<Key>()? {
+            match k {
+                Key::Model => f.model = map.next_value::<Loose<Str>>()?.0.map(|s| s.0),
+                Key::Stream => f.stream = map.next_value::<Loose<bool>>()?.0,
+                Key::Messages => f.messages = Some(map.next_value()?),
+                Key::Prompt => f.prompt = Some(map.next_value()?),
+                Key::Text => f.text = Some(map.next_value()?),
+                Key::InputIds => f.input_ids = Some(map.next_value()?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Top::Object(f))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Top<'de>, A::Error> {
+        skip_seq(seq).map(|()| Top::NotObject)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Top<'de>, E> {
+        Ok(Top::NotObject)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Top<'de>, E> {
+        Ok(Top::NotObject)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Top<'de>, E> {
+        Ok(Top::NotObject)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Top<'de>, E> {
+        Ok(Top::NotObject)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Top<'de>, E> {
+        Ok(Top::NotObject)
+    }
+    fn visit_unit<E>(self) -> Result<Top<'de>, E> {
+        Ok(Top::NotObject)
+    }
+}
+deserialize_any_with!(Top<'de>, TopVisitor);
+
+/// `messages`: appends `<|role|>` + content text per message straight into one `String`.
+struct MessagesVisitor;
+impl<'de> Visitor<'de> for MessagesVisitor {
+    type Value = Messages;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of messages")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Messages, A::Error> {
+        let mut text = String::new();
+        let mut all_objects = true;
+        while let Some(m) = seq.next_element::<Message>()? {
+            match m {
+                Message::Object { role, content } if all_objects => {
+                    text.push_str("<|");
+                    text.push_str(role.as_deref().unwrap_or(""));
+                    text.push_str("|>");
+                    for part in content {
+                        text.push_str(&part);
+                    }
+                }
+                Message::Object { .. } => {}
+                Message::NotObject => all_objects = false,
+            }
+        }
+        Ok(if all_objects {
+            Messages::List(text)
+        } else {
+            Messages::EntryNotObject
+        })
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Messages, A::Error> {
+        skip_map(map).map(|()| Messages::NotArray)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Messages, E> {
+        Ok(Messages::NotArray)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Messages, E> {
+        Ok(Messages::NotArray)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Messages, E> {
+        Ok(Messages::NotArray)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Messages, E> {
+        Ok(Messages::NotArray)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Messages, E> {
+        Ok(Messages::NotArray)
+    }
+    fn visit_unit<E>(self) -> Result<Messages, E> {
+        Ok(Messages::NotArray)
+    }
+}
+deserialize_any_with!(Messages, MessagesVisitor);
+
+/// One chat message: role and the text pieces of its content.
+enum Message<'a> {
+    Object {
+        role: Option<Cow<'a, str>>,
+        content: Vec<Cow<'a, str>>,
+    },
+    NotObject,
+}
+
+struct MessageVisitor;
+impl<'de> Visitor<'de> for MessageVisitor {
+    type Value = Message<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a message object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Message<'de>, A::Error> {
+        let mut role = None;
+        let mut content = Vec::new();
+        while let Some(k) = map.next_key::<Key>()? {
+            match k {
+                Key::Role => role = map.next_value::<Loose<Str>>()?.0.map(|s| s.0),
+                Key::Content => content = map.next_value::<Content>()?.0,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Message::Object { role, content })
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Message<'de>, A::Error> {
+        skip_seq(seq).map(|()| Message::NotObject)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Message<'de>, E> {
+        Ok(Message::NotObject)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Message<'de>, E> {
+        Ok(Message::NotObject)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Message<'de>, E> {
+        Ok(Message::NotObject)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Message<'de>, E> {
+        Ok(Message::NotObject)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Message<'de>, E> {
+        Ok(Message::NotObject)
+    }
+    fn visit_unit<E>(self) -> Result<Message<'de>, E> {
+        Ok(Message::NotObject)
+    }
+}
+deserialize_any_with!(Message<'de>, MessageVisitor);
+
+/// Message content: a string, or the texts of `type: "text"` parts; anything else is empty.
+struct Content<'a>(Vec<Cow<'a, str>>);
+
+struct ContentVisitor;
+impl<'de> Visitor<'de> for ContentVisitor {
+    type Value = Content<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("message content")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Content<'de>, E> {
+        Ok(Content(vec![Cow::Borrowed(v)]))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Content<'de>, E> {
+        Ok(Content(vec![Cow::Owned(v.to_owned())]))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Content<'de>, E> {
+        Ok(Content(vec![Cow::Owned(v)]))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content<'de>, A::Error> {
+        let mut parts = Vec::new();
+        while let Some(p) = seq.next_element::<Part>()? {
+            parts.extend(p.0);
+        }
+        Ok(Content(parts))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Content<'de>, A::Error> {
+        skip_map(map).map(|()| Content(Vec::new()))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Content<'de>, E> {
+        Ok(Content(Vec::new()))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Content<'de>, E> {
+        Ok(Content(Vec::new()))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Content<'de>, E> {
+        Ok(Content(Vec::new()))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Content<'de>, E> {
+        Ok(Content(Vec::new()))
+    }
+    fn visit_unit<E>(self) -> Result<Content<'de>, E> {
+        Ok(Content(Vec::new()))
+    }
+}
+deserialize_any_with!(Content<'de>, ContentVisitor);
+
+/// A content part: its `text` when `type` is `"text"` (keys in any order).
+struct Part<'a>(Option<Cow<'a, str>>);
+
+struct PartVisitor;
+impl<'de> Visitor<'de> for PartVisitor {
+    type Value = Part<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a content part")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Part<'de>, A::Error> {
+        let mut is_text = false;
+        let mut text = None;
+        while let Some(k) = map.next_key::<Key>()? {
+            match k {
+                Key::Type => {
+                    is_text = map
+                        .next_value::<Loose<Str>>()?
+                        .0
+                        .is_some_and(|s| s.0 == "text");
+                }
+                Key::Text => text = map.next_value::<Loose<Str>>()?.0.map(|s| s.0),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Part(text.filter(|_| is_text)))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Part<'de>, A::Error> {
+        skip_seq(seq).map(|()| Part(None))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Part<'de>, E> {
+        Ok(Part(None))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Part<'de>, E> {
+        Ok(Part(None))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Part<'de>, E> {
+        Ok(Part(None))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Part<'de>, E> {
+        Ok(Part(None))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Part<'de>, E> {
+        Ok(Part(None))
+    }
+    fn visit_unit<E>(self) -> Result<Part<'de>, E> {
+        Ok(Part(None))
+    }
+}
+deserialize_any_with!(Part<'de>, PartVisitor);
+
+/// One element of a prompt array: decides the array's shape.
+enum Item<'a> {
+    Text(Cow<'a, str>),
+    Id(Option<u32>),
+    Ids(Option<Vec<u32>>),
+    Other,
+}
+
+struct ItemVisitor;
+impl<'de> Visitor<'de> for ItemVisitor {
+    type Value = Item<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a prompt element")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Item<'de>, E> {
+        Ok(Item::Text(Cow::Borrowed(v)))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Item<'de>, E> {
+        Ok(Item::Text(Cow::Owned(v.to_owned())))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Item<'de>, E> {
+        Ok(Item::Text(Cow::Owned(v)))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Item<'de>, E> {
+        Ok(Item::Id(u32::try_from(v).ok()))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Item<'de>, E> {
+        Ok(Item::Id(u32::try_from(v).ok()))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Item<'de>, E> {
+        Ok(Item::Id(None))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Item<'de>, A::Error> {
+        let mut ids = Some(Vec::new());
+        while let Some(item) = seq.next_element::<Item>()? {
+            match (item, &mut ids) {
+                (Item::Id(Some(id)), Some(v)) => v.push(id),
+                _ => ids = None,
+            }
+        }
+        Ok(Item::Ids(ids))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Item<'de>, A::Error> {
+        skip_map(map).map(|()| Item::Other)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Item<'de>, E> {
+        Ok(Item::Other)
+    }
+    fn visit_unit<E>(self) -> Result<Item<'de>, E> {
+        Ok(Item::Other)
+    }
+}
+deserialize_any_with!(Item<'de>, ItemVisitor);
+
+struct PromptVisitor;
+impl<'de> Visitor<'de> for PromptVisitor {
+    type Value = Prompt<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a prompt")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Prompt<'de>, E> {
+        Ok(Prompt::Text(Cow::Borrowed(v)))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Prompt<'de>, E> {
+        Ok(Prompt::Text(Cow::Owned(v.to_owned())))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Prompt<'de>, E> {
+        Ok(Prompt::Text(Cow::Owned(v)))
+    }
+    fn visit_unit<E>(self) -> Result<Prompt<'de>, E> {
+        Ok(Prompt::Null)
+    }
+    /// `[..]`: the first element decides: text (first of a batch), ids (all must be ids), or
+    /// an id array (first of a batch).
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Prompt<'de>, A::Error> {
+        let out = match seq.next_element::<Item>()? {
+            None => return Ok(Prompt::Empty),
+            Some(Item::Text(t)) => Prompt::Text(t),
+            Some(Item::Ids(Some(ids))) => Prompt::Ids(ids),
+            Some(Item::Id(Some(first))) => {
+                let mut ids = vec![first];
+                while let Some(item) = seq.next_element::<Item>()? {
+                    match item {
+                        Item::Id(Some(id)) => ids.push(id),
+                        _ => return skip_seq(seq).map(|()| Prompt::Invalid),
+                    }
+                }
+                return Ok(Prompt::Ids(ids));
+            }
+            Some(_) => Prompt::Invalid,
+        };
+        skip_seq(seq).map(|()| out)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Prompt<'de>, A::Error> {
+        skip_map(map).map(|()| Prompt::Invalid)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Prompt<'de>, E> {
+        Ok(Prompt::Invalid)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Prompt<'de>, E> {
+        Ok(Prompt::Invalid)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Prompt<'de>, E> {
+        Ok(Prompt::Invalid)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Prompt<'de>, E> {
+        Ok(Prompt::Invalid)
+    }
+}
+deserialize_any_with!(Prompt<'de>, PromptVisitor);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn key(ep: Endpoint, body: &str) -> RouteKey {
         route_key(ep, body.as_bytes()).unwrap()
+    }
+
+    fn err(ep: Endpoint, body: &str) -> CoreError {
+        route_key(ep, body.as_bytes()).unwrap_err()
     }
 
     #[test]
@@ -184,61 +692,195 @@ mod tests {
             r#"{"model":"m","stream":true,"messages":[{"role":"system","content":"S"},{"role":"user","content":"hi"}]}"#,
         );
         assert_eq!(t1.text, "<|system|>S<|user|>hi");
-        assert_eq!((t1.model.as_str(), t1.stream), ("m", true));
+        assert_eq!(
+            (t1.model.as_str(), t1.stream, t1.input_ids),
+            ("m", true, None)
+        );
         let t2 = key(
             Endpoint::ChatCompletions,
             r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"hi"},
-               {"role":"assistant","content":"yo"},{"role":"user","content":[{"type":"text","text":"more"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#,
+               {"role":"assistant","content":"yo","tool_calls":[{"id":"1"}]},
+               {"content":[{"type":"text","text":"mo"},{"type":"image_url","image_url":{"url":"x"}},
+               {"text":"re","type":"text"}],"role":"user"}],"temperature":0.2}"#,
         );
         assert!(t2.text.starts_with(&t1.text));
         assert_eq!(t2.text, "<|system|>S<|user|>hi<|assistant|>yo<|user|>more");
+        assert_eq!((t2.model.as_str(), t2.stream), ("", false));
+    }
+
+    /// B19 (sgl-project/sglang issue #26263): the key is every message, not `messages[0]`.
+    #[test]
+    fn b19_conversations_diverge_after_the_shared_system_prompt() {
+        let a = key(
+            Endpoint::ChatCompletions,
+            r#"{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"rivers"}]}"#,
+        );
+        let b = key(
+            Endpoint::ChatCompletions,
+            r#"{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"sorting"}]}"#,
+        );
+        let common = a
+            .text
+            .chars()
+            .zip(b.text.chars())
+            .take_while(|(x, y)| x == y)
+            .count();
+        assert_eq!(common, "<|system|>Be brief.<|user|>".chars().count());
     }
 
     #[test]
-    fn completions_and_generate_shapes() {
-        assert_eq!(
-            key(Endpoint::Completions, r#"{"prompt":"abc"}"#).text,
-            "abc"
+    fn chat_escapes_nulls_and_odd_fields() {
+        let k = key(
+            Endpoint::ChatCompletions,
+            r#"{"model":7,"stream":"yes","messages":[{"role":"user","content":"a\"b\u00e9\ud83d\ude00"},
+               {"role":null,"content":null},{"role":"tool","content":{"x":1}}]}"#,
         );
+        assert_eq!(k.text, "<|user|>a\"bé😀<||><|tool|>");
+        assert_eq!((k.model.as_str(), k.stream), ("", false));
         assert_eq!(
-            key(Endpoint::Completions, r#"{"prompt":["a","b"]}"#).text,
-            "a"
+            key(Endpoint::ChatCompletions, r#"{"messages":[]}"#).text,
+            ""
         );
+    }
+
+    #[test]
+    fn completions_shapes() {
+        let c = |b| key(Endpoint::Completions, b);
+        assert_eq!(c(r#"{"prompt":"abc","model":"m"}"#).text, "abc");
+        assert_eq!(c(r#"{"prompt":["a","b"]}"#).text, "a");
+        assert_eq!(c(r#"{"prompt":[1,2,3]}"#).input_ids, Some(vec![1, 2, 3]));
+        assert_eq!(c(r#"{"prompt":[1,2,3]}"#).text, "");
+        assert_eq!(c(r#"{"prompt":[[4,5],[6]]}"#).input_ids, Some(vec![4, 5]));
         assert_eq!(
-            key(Endpoint::Completions, r#"{"prompt":[1,2,3]}"#).input_ids,
-            Some(vec![1, 2, 3])
+            c(r#"{"prompt":[4294967295]}"#).input_ids,
+            Some(vec![u32::MAX])
         );
+        assert_eq!(c(r#"{"prompt":[]}"#), RouteKey::default());
+    }
+
+    #[test]
+    fn generate_shapes() {
+        let g = |b| key(Endpoint::Generate, b);
+        let k = g(r#"{"text":"t","input_ids":[7,8],"sampling_params":{"max_new_tokens":1}}"#);
+        assert_eq!((k.text.as_str(), k.input_ids), ("t", Some(vec![7, 8])));
+        assert_eq!(g(r#"{"input_ids":[[9],[1]]}"#).input_ids, Some(vec![9]));
+        assert_eq!(g(r#"{"text":["x","y"]}"#).text, "x");
+        assert_eq!(g(r#"{"text":"x","input_ids":null}"#).input_ids, None);
+        assert_eq!(g(r#"{"text":"x","input_ids":[]}"#).input_ids, None);
         assert_eq!(
-            key(Endpoint::Completions, r#"{"prompt":[[4,5],[6]]}"#).input_ids,
-            Some(vec![4, 5])
+            g(r#"{"text":null,"input_ids":[3]}"#).input_ids,
+            Some(vec![3])
         );
-        let g = key(Endpoint::Generate, r#"{"text":"t","input_ids":[7,8]}"#);
-        assert_eq!((g.text.as_str(), g.input_ids), ("t", Some(vec![7, 8])));
-        assert_eq!(
-            key(Endpoint::Generate, r#"{"input_ids":[[9],[1]]}"#).input_ids,
-            Some(vec![9])
-        );
-        assert_eq!(key(Endpoint::Generate, r#"{"text":["x","y"]}"#).text, "x");
     }
 
     #[test]
     fn bad_bodies_are_named_errors() {
-        for (ep, body) in [
-            (Endpoint::ChatCompletions, "not json"),
-            (Endpoint::ChatCompletions, "[1,2]"),
-            (Endpoint::ChatCompletions, r#"{"model":"m"}"#),
-            (Endpoint::ChatCompletions, r#"{"messages":"hi"}"#),
-            (Endpoint::ChatCompletions, r#"{"messages":["hi"]}"#),
-            (Endpoint::Completions, r#"{"model":"m"}"#),
-            (Endpoint::Completions, r#"{"prompt":5}"#),
-            (Endpoint::Completions, r#"{"prompt":[-1]}"#),
-            (Endpoint::Generate, r#"{"sampling_params":{}}"#),
-            (Endpoint::Generate, r#"{"input_ids":"x"}"#),
+        use CoreError::*;
+        use Endpoint::*;
+        assert_eq!(
+            err(ChatCompletions, "not json"), // fails at the `o` of what began as `null`
+            BodyNotJson { line: 1, column: 2 }
+        );
+        assert_eq!(
+            err(ChatCompletions, "{\"messages\":[]}\n x"),
+            BodyNotJson { line: 2, column: 2 }
+        );
+        assert!(matches!(
+            err(Completions, r#"{"prompt":"a""#),
+            BodyNotJson { .. }
+        ));
+        assert_eq!(err(ChatCompletions, "[1,2]"), BodyNotObject);
+        assert_eq!(err(Generate, "\"text\""), BodyNotObject);
+        assert_eq!(
+            err(ChatCompletions, r#"{"model":"m"}"#),
+            MissingField { field: "messages" }
+        );
+        let not_array = WrongType {
+            field: "messages",
+            expected: "an array",
+        };
+        assert_eq!(err(ChatCompletions, r#"{"messages":"hi"}"#), not_array);
+        assert_eq!(
+            err(ChatCompletions, r#"{"messages":{"role":"user"}}"#),
+            not_array
+        );
+        assert_eq!(
+            err(ChatCompletions, r#"{"messages":[{"role":"user"},"hi"]}"#),
+            WrongType {
+                field: "messages[]",
+                expected: "an object"
+            }
+        );
+        assert_eq!(
+            err(Completions, r#"{"model":"m"}"#),
+            MissingField { field: "prompt" }
+        );
+        assert_eq!(
+            err(Completions, r#"{"prompt":null}"#),
+            MissingField { field: "prompt" }
+        );
+        for bad in [
+            r#"{"prompt":5}"#,
+            r#"{"prompt":[-1]}"#,
+            r#"{"prompt":[1,"a"]}"#,
+            r#"{"prompt":[1.5]}"#,
+            r#"{"prompt":[4294967296]}"#,
+            r#"{"prompt":[[1,-2]]}"#,
+            r#"{"prompt":[true]}"#,
+            r#"{"prompt":{"a":1}}"#,
         ] {
             assert!(
-                matches!(route_key(ep, body.as_bytes()), Err(CoreError::BadBody(_))),
-                "{body}"
+                matches!(
+                    err(Completions, bad),
+                    WrongType {
+                        field: "prompt",
+                        ..
+                    }
+                ),
+                "{bad}"
             );
+        }
+        assert_eq!(
+            err(Generate, r#"{"sampling_params":{}}"#),
+            MissingField {
+                field: "text or input_ids"
+            }
+        );
+        assert!(matches!(
+            err(Generate, r#"{"input_ids":"x"}"#),
+            WrongType {
+                field: "input_ids",
+                ..
+            }
+        ));
+        assert!(matches!(
+            err(Generate, r#"{"text":[1,2]}"#),
+            WrongType { field: "text", .. }
+        ));
+    }
+
+    proptest! {
+        /// Any chat conversation round-trips: the key is the concatenation of role markers and
+        /// contents, whatever the characters (escapes, emoji, quotes).
+        #[test]
+        fn chat_key_is_concatenation(msgs in prop::collection::vec(("[a-z]{0,8}", "\\PC{0,20}"), 0..6)) {
+            let json: Vec<_> = msgs
+                .iter()
+                .map(|(r, c)| serde_json::json!({"role": r, "content": c}))
+                .collect();
+            let body = serde_json::json!({"messages": json, "n": 1}).to_string();
+            let want: String = msgs.iter().map(|(r, c)| format!("<|{r}|>{c}")).collect();
+            prop_assert_eq!(route_key(Endpoint::ChatCompletions, body.as_bytes()).unwrap().text, want);
+        }
+
+        /// Arbitrary bytes never panic, and errors are only the named body errors.
+        #[test]
+        fn arbitrary_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..64)) {
+            for ep in [Endpoint::ChatCompletions, Endpoint::Completions, Endpoint::Generate] {
+                if let Err(e) = route_key(ep, &body) {
+                    prop_assert_ne!(e.kind(), "config");
+                }
+            }
         }
     }
 }

@@ -38,6 +38,11 @@ impl Worker {
 
 /// The worker registry, shared by all shards through an `Arc`. Counts are atomics: a shard
 /// never locks to read or change a load.
+///
+/// # Invariants
+/// 1. Ids are dense: the worker at position `i` has `id == i`.
+/// 2. URLs are normalised (`http://host:port`, no trailing `/`) and distinct.
+/// 3. A worker's `in_flight` equals the number of live [`LoadGuard`]s taken on it.
 #[derive(Debug)]
 pub struct Workers {
     list: Vec<Arc<Worker>>,
@@ -95,6 +100,24 @@ impl Workers {
         self.list.iter().map(|w| w.in_flight()).collect()
     }
 
+    /// Checks invariants 1 and 2 (3 is checked by the guard tests).
+    ///
+    /// # Errors
+    /// The number of the first broken invariant and the worker id.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) -> Result<(), (u8, usize)> {
+        let mut seen = std::collections::HashSet::new();
+        for (i, w) in self.list.iter().enumerate() {
+            if w.id != i {
+                return Err((1, i));
+            }
+            if w.url.ends_with('/') || !seen.insert(w.url.as_str()) {
+                return Err((2, i));
+            }
+        }
+        Ok(())
+    }
+
     /// Counts one request on worker `id` until the returned guard drops. Take it before the
     /// request is sent upstream (bug-cases.md B1).
     ///
@@ -116,6 +139,7 @@ mod tests {
     #[test]
     fn registry_ids_and_urls() {
         let w = two();
+        assert_eq!(w.check_invariants(), Ok(()));
         assert_eq!(w.len(), 2);
         assert_eq!(w.get(1).url, "http://b:2");
         assert_eq!((w.get(1).host.as_str(), w.get(1).port), ("b", 2));
@@ -134,6 +158,20 @@ mod tests {
         drop((g1, g3));
         assert_eq!(w.loads(), vec![0, 0]);
         assert_eq!(w.get(0).processed(), 2);
+    }
+
+    #[test]
+    fn guard_is_send_and_registry_is_sync() {
+        fn send<T: Send>() {}
+        fn send_sync<T: Send + Sync>() {}
+        send::<LoadGuard>();
+        send_sync::<Workers>();
+        // A guard moved to another thread releases there, exactly once.
+        let w = two();
+        let g = w.acquire(1);
+        std::thread::spawn(move || drop(g)).join().unwrap();
+        assert_eq!(w.loads(), vec![0, 0]);
+        assert_eq!(w.get(1).processed(), 1);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! | module | content |
 //! |---|---|
 //! | [`string_tree`] | [`StringTree`]: multi-tenant radix tree over chars, LRU eviction |
-//! | [`reference`] | brute-force models used by tests and benches as ground truth |
+//! | [`reference`](mod@reference) | brute-force models used by tests and benches as ground truth |
 //!
 //! # Identifiers
 //! | name | meaning | unit |

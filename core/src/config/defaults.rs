@@ -1,32 +1,38 @@
 //! Every default of kvroute, defined once. `Config::default()`, `#[serde(default)]`, the CLI
-//! help and the tests read these constants.
+//! help and the tests read these constants. Each line gives the unit and where the number
+//! comes from ("seed doc" = the project's founding brief; SMG = anchors.md §2.3).
 
 use super::PolicyKind;
 
-/// Gateway listen address.
+/// Gateway listen address, `HOST:PORT`. Source: seed doc.
 pub const LISTEN: &str = "127.0.0.1:8000";
-/// Largest request body, bytes (32 MiB; SMG's default body limit is of the same order). → 413.
+/// Largest request body, bytes (32 MiB); larger → 413. Source: seed doc.
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
-/// Largest request head, bytes (64 KiB; nginx's large_client_header_buffers is 4 × 8 KiB). → 431.
+/// Largest request head, bytes (64 KiB); larger → 431. Source: seed doc.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// Time allowed for one exchange with a worker, s (30 min: long generations stream that long). → 504.
+/// Time allowed for one exchange with a worker, seconds (30 min: long generations stream that
+/// long); over → 504. Source: seed doc.
 pub const REQUEST_TIMEOUT_SECS: u64 = 1800;
-/// Idle upstream keep-alive connections are closed after this, ms: below the 5 s idle timeout of
-/// uvicorn-served engines (vLLM, SGLang), so the pool never reuses a connection the engine is
-/// closing (bug-cases.md B42).
+/// Idle upstream keep-alive connections are closed after this, ms: below the 5 s idle timeout
+/// of uvicorn-served engines (vLLM, SGLang), so the pool never reuses a connection the engine
+/// is closing. Source: bug-cases.md B42.
 pub const UPSTREAM_IDLE_TIMEOUT_MS: u64 = 3_000;
-/// Time allowed to open a connection to a worker, ms. → 502.
+/// Time allowed to open a connection to a worker, ms; over → 502. Source: seed doc.
 pub const CONNECT_TIMEOUT_MS: u64 = 3_000;
-/// Routing policy (anchors.md §2: SMG's default is cache_aware).
+/// Routing policy. Source: SMG `--policy` default `cache_aware`.
 pub const POLICY: PolicyKind = PolicyKind::CacheAware;
-/// cache_aware: a match ratio above this makes the prefix holders the candidates (SMG
-/// `--cache-threshold` 0.3).
+/// cache_aware: a match ratio (matched chars / request chars) strictly above this makes the
+/// prefix holders the candidates; a fraction in [0, 1]. Source: SMG `--cache-threshold` 0.3.
 pub const CACHE_THRESHOLD: f64 = 0.3;
-/// Spill gate, relative part: hot when in-flight > this × mean (SMG `--balance-rel-threshold` 1.5).
+/// Spill gate, relative part: a worker is hot when in-flight > this × mean in-flight
+/// (dimensionless factor). Source: SMG `--balance-rel-threshold` 1.5.
 pub const BALANCE_REL_THRESHOLD: f64 = 1.5;
-/// Spill gate, absolute part: hot when in-flight > mean + this, requests (SMG
-/// `--balance-abs-threshold` 64).
+/// Spill gate, absolute part: a worker is hot when in-flight > mean + this, requests.
+/// Source: SMG `--balance-abs-threshold` 64.
 pub const BALANCE_ABS_THRESHOLD: usize = 64;
-/// Per-model string tree budget, chars, counted once per tenant holding a node (SMG
-/// `--max-tree-size` 67,108,864).
+/// Per-model string tree budget, chars, counted once per tenant holding a node. Source: SMG
+/// `--max-tree-size` 67,108,864.
 pub const MAX_TREE_SIZE_CHARS: usize = 67_108_864;
+/// Listen address of the simulated engine in `bench`, `HOST:PORT` (the demo's workers take the
+/// following ports: 8101, 8102, ...). Source: seed doc.
+pub const ENGINE_LISTEN: &str = "127.0.0.1:8100";

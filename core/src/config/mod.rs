@@ -110,12 +110,12 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Parses TOML; absent keys take their defaults.
+    /// Parses TOML; absent keys take their defaults ([`defaults`]).
     ///
     /// # Errors
     /// [`CoreError::ConfigSyntax`] for invalid TOML, an unknown key or a value of the wrong type.
     pub fn from_toml_str(text: &str) -> Result<Config, CoreError> {
-        toml::from_str(text).map_err(|e| CoreError::ConfigSyntax(e.to_string()))
+        Ok(toml::from_str(text)?)
     }
 
     /// Checks every value; returns the config unchanged when it is usable.
@@ -124,43 +124,50 @@ impl Config {
     /// - [`CoreError::NoWorkers`]: the worker list is empty.
     /// - [`CoreError::BadWorkerUrl`]: a worker is not `http://host:port` (see
     ///   [`parse_worker_url`]).
-    /// - [`CoreError::ConfigValue`]: `shards` is 0, `cache_threshold` outside [0, 1],
-    ///   `balance_rel_threshold` < 1 or not finite, a zero body limit or timeout.
+    /// - [`CoreError::DuplicateWorker`]: two workers have the same normalised URL.
+    /// - [`CoreError::ConfigValue`]: `shards` is 0; `cache_threshold` outside [0, 1];
+    ///   `balance_rel_threshold` < 1 or not finite; `max_tree_size_chars`, `max_body_bytes` or a
+    ///   timeout is 0.
     pub fn validate(self) -> Result<Config, CoreError> {
         if self.workers.is_empty() {
             return Err(CoreError::NoWorkers);
         }
+        let mut seen = std::collections::HashSet::new();
         for url in &self.workers {
-            parse_worker_url(url)?;
+            let (url, _, _) = parse_worker_url(url)?;
+            if !seen.insert(url.clone()) {
+                return Err(CoreError::DuplicateWorker { url });
+            }
         }
-        let bad =
-            |field: &'static str, problem: String| Err(CoreError::ConfigValue { field, problem });
+        let bad = |field: &'static str, value: f64, expected: &'static str| {
+            Err(CoreError::ConfigValue {
+                field,
+                value,
+                expected,
+            })
+        };
         if self.shards == Some(0) {
-            return bad("shards", "must be at least 1".into());
+            return bad("shards", 0.0, "at least 1");
         }
         if !(0.0..=1.0).contains(&self.cache_threshold) {
-            return bad(
-                "cache_threshold",
-                format!("must be in [0, 1], got {}", self.cache_threshold),
-            );
+            return bad("cache_threshold", self.cache_threshold, "in [0, 1]");
         }
         if !(self.balance_rel_threshold.is_finite() && self.balance_rel_threshold >= 1.0) {
             return bad(
                 "balance_rel_threshold",
-                format!(
-                    "must be a finite number ≥ 1, got {}",
-                    self.balance_rel_threshold
-                ),
+                self.balance_rel_threshold,
+                "a finite number >= 1",
             );
         }
         for (field, value) in [
+            ("max_tree_size_chars", self.max_tree_size_chars as u64),
             ("max_body_bytes", self.max_body_bytes as u64),
             ("request_timeout_secs", self.request_timeout_secs),
             ("upstream_idle_timeout_ms", self.upstream_idle_timeout_ms),
             ("connect_timeout_ms", self.connect_timeout_ms),
         ] {
             if value == 0 {
-                return bad(field, "must be greater than 0".into());
+                return bad(field, 0.0, "greater than 0");
             }
         }
         Ok(self)
@@ -168,11 +175,12 @@ impl Config {
 }
 
 /// Splits a worker URL `http://host:port` (trailing `/` allowed) into `(normalised url, host,
-/// port)`.
+/// port)`: url without trailing `/`, host without IPv6 brackets, port 1–65535.
 ///
 /// # Errors
-/// [`CoreError::BadWorkerUrl`]: not `http://`, no port, a port that is not a number 1–65535,
-/// or a path after the port.
+/// [`CoreError::BadWorkerUrl`]: not `http://`, a path, query or fragment after the port, no
+/// port, a port that is not a number 1–65535, an empty host, or a host with user info,
+/// whitespace or an unbracketed `:`.
 pub fn parse_worker_url(url: &str) -> Result<(String, String, u16), CoreError> {
     let bad = |problem| CoreError::BadWorkerUrl {
         url: url.to_string(),
@@ -182,15 +190,24 @@ pub fn parse_worker_url(url: &str) -> Result<(String, String, u16), CoreError> {
         .strip_prefix("http://")
         .ok_or_else(|| bad("must start with http:// (TLS to workers is not supported yet)"))?;
     let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.contains('/') {
-        return Err(bad("must not have a path"));
+    if rest.contains(['/', '?', '#']) {
+        return Err(bad("must not have a path, query or fragment"));
     }
     let (host, port) = rest
         .rsplit_once(':')
         .ok_or_else(|| bad("must have a port"))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6
+            .strip_suffix(']')
+            .ok_or_else(|| bad("unterminated [IPv6] host"))?,
+        None if host.contains(':') => return Err(bad("an IPv6 host must be in brackets")),
+        None => host,
+    };
     if host.is_empty() {
         return Err(bad("must have a host"));
+    }
+    if host.contains(|c: char| c == '@' || c.is_whitespace()) {
+        return Err(bad("host must not contain user info or whitespace"));
     }
     let port: u16 = port
         .parse()
@@ -262,7 +279,70 @@ mod tests {
                 ..
             })
         ));
+        assert_eq!(
+            with(|c| c.cache_threshold = f64::NAN).map_err(|e| e.kind()),
+            Err("config")
+        );
+        assert_eq!(
+            with(|c| c.max_tree_size_chars = 0),
+            Err(CoreError::ConfigValue {
+                field: "max_tree_size_chars",
+                value: 0.0,
+                expected: "greater than 0"
+            })
+        );
+        assert_eq!(
+            with(|c| c.workers = vec!["http://a:1".into(), "http://a:1/".into()]),
+            Err(CoreError::DuplicateWorker {
+                url: "http://a:1".into()
+            })
+        );
         assert!(with(|_| {}).is_ok());
+        assert!(with(|c| c.cache_threshold = 1.0).is_ok());
+    }
+
+    #[test]
+    fn every_key_from_toml() {
+        let text = r#"
+            listen = "0.0.0.0:9000"
+            shards = 2
+            workers = ["http://h1:8101", "http://[::1]:8102/"]
+            policy = "least_request"
+            cache_threshold = 0.25
+            balance_rel_threshold = 2.0
+            balance_abs_threshold = 8
+            max_tree_size_chars = 1000
+            max_body_bytes = 1024
+            request_timeout_secs = 5
+            upstream_idle_timeout_ms = 100
+            connect_timeout_ms = 200
+        "#;
+        let want = Config {
+            listen: "0.0.0.0:9000".into(),
+            shards: Some(2),
+            workers: vec!["http://h1:8101".into(), "http://[::1]:8102/".into()],
+            policy: PolicyKind::LeastRequest,
+            cache_threshold: 0.25,
+            balance_rel_threshold: 2.0,
+            balance_abs_threshold: 8,
+            max_tree_size_chars: 1000,
+            max_body_bytes: 1024,
+            request_timeout_secs: 5,
+            upstream_idle_timeout_ms: 100,
+            connect_timeout_ms: 200,
+        };
+        let got = Config::from_toml_str(text).unwrap();
+        assert_eq!(got, want);
+        assert_eq!(got.validate(), Ok(want));
+        // Wrong type and unknown policy are syntax errors, with the key in the message.
+        for bad in [
+            "shards = \"two\"",
+            "policy = \"random\"",
+            "workers = \"http://a:1\"",
+        ] {
+            let e = Config::from_toml_str(bad).unwrap_err();
+            assert!(matches!(e, CoreError::ConfigSyntax(_)), "{bad}");
+        }
     }
 
     #[test]
@@ -271,14 +351,31 @@ mod tests {
             parse_worker_url("http://10.0.0.1:8000/").unwrap(),
             ("http://10.0.0.1:8000".into(), "10.0.0.1".into(), 8000)
         );
-        assert_eq!(parse_worker_url("http://[::1]:9").unwrap().1, "::1");
+        assert_eq!(
+            parse_worker_url("http://[::1]:9").unwrap(),
+            ("http://[::1]:9".into(), "::1".into(), 9)
+        );
+        assert_eq!(
+            parse_worker_url("http://engine-0.local:65535").unwrap(),
+            (
+                "http://engine-0.local:65535".into(),
+                "engine-0.local".into(),
+                65535
+            )
+        );
         for bad in [
             "https://a:1",
             "http://a",
             "http://a:0",
             "http://a:x",
             "http://a:1/v1",
+            "http://a:1?x=1",
             "http://:1",
+            "http://u@a:1",
+            "http://::1:9",
+            "http://[::1:9",
+            "http://a b:1",
+            "http://a:65536",
         ] {
             assert!(
                 matches!(parse_worker_url(bad), Err(CoreError::BadWorkerUrl { .. })),

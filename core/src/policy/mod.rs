@@ -110,7 +110,12 @@ pub fn least_loaded(
     best.map(|(w, _)| w)
 }
 
-/// Picks workers for requests (see the module doc).
+/// Picks workers for requests: one per gateway, shared by all shards (`Send + Sync`).
+///
+/// Holds the policy and its thresholds (from [`Config`]), a round-robin counter, and for
+/// cache_aware one [`StringTree`] per model (keyed by [`RouteKey::model`], created on first
+/// use) behind a single `Mutex`: a decision matches and inserts in one critical section. Issue 3
+/// replaces the mutex with lock-free reads.
 pub struct Router {
     kind: PolicyKind,
     cache_threshold: f64,
@@ -140,8 +145,20 @@ impl Router {
         self.kind
     }
 
-    /// Chooses a worker for `key` given `loads` (in-flight per worker id, one entry per
-    /// worker). cache_aware also records the request for the chosen worker in its tree.
+    /// Chooses a worker for `key` given `loads` (in-flight requests per worker id, one entry
+    /// per worker; all workers are eligible). Reads no clock; randomness only breaks ties.
+    ///
+    /// - round_robin: workers in turn (one shared counter). Reason `RoundRobin`.
+    /// - least_request: fewest in flight, ties uniformly at random, never by list order (bug
+    ///   B1). Reason `LeastRequest`.
+    /// - cache_aware (SMG, anchors §2.2 steps 3, 5, 6, 7): ratio = matched chars / request
+    ///   chars in the model's tree. If ratio > `cache_threshold` the candidates are the deepest
+    ///   matched node's tenants (at most 8); the least-loaded non-hot one wins (`CacheHit`).
+    ///   Hot = load > `rel × mean` and load > `mean + abs` ([`SpillGate`]). All candidates hot →
+    ///   the least-loaded worker (`Spill`). Otherwise → the least-loaded worker (`CacheMiss`).
+    ///   Then `key.text` is inserted for the chosen worker (a spill target becomes one more
+    ///   holder) and the tree is evicted down to `max_tree_size_chars` if over. Empty text (a
+    ///   token-ids-only request) is a miss and is not recorded.
     ///
     /// # Panics
     /// When `loads` is empty.
@@ -176,16 +193,22 @@ impl Router {
             self.balance_abs_threshold,
         );
         let mut trees = self.trees.lock().unwrap_or_else(|p| p.into_inner());
-        let tree = trees.entry(key.model.clone()).or_default();
+        if !trees.contains_key(&key.model) {
+            trees.insert(key.model.clone(), StringTree::new());
+        }
+        let tree = trees.get_mut(&key.model).expect("inserted above");
         let m = tree.match_prefix(&key.text);
         let request_chars = key.text.chars().count();
         let ratio = m.matched_chars as f64 / request_chars as f64;
-        let decision = if ratio > self.cache_threshold && !m.tenants.is_empty() {
-            let cool = m
-                .tenants
+        // Holders that are still workers (a tenant id beyond `loads` is a removed worker).
+        let holders = || {
+            m.tenants
                 .iter()
                 .map(|&t| t as usize)
-                .filter(|&w| w < loads.len() && !gate.is_hot(loads[w]));
+                .filter(|&w| w < loads.len())
+        };
+        let decision = if ratio > self.cache_threshold && holders().next().is_some() {
+            let cool = holders().filter(|&w| !gate.is_hot(loads[w]));
             match least_loaded(loads, cool, rng) {
                 Some(worker) => Decision {
                     worker,
@@ -194,6 +217,8 @@ impl Router {
                         ratio,
                     },
                 },
+                // Every holder is hot: the least-loaded worker, which is never hot unless all
+                // are (hot is monotone in load), and which becomes one more holder below.
                 None => Decision {
                     worker: least(rng),
                     reason: Reason::Spill,

@@ -1,5 +1,6 @@
 use super::*;
 use crate::route_key::{Endpoint, route_key};
+use kvroute_index::MAX_MATCH_TENANTS;
 use proptest::prelude::*;
 
 fn router(kind: PolicyKind) -> Router {
@@ -154,4 +155,182 @@ proptest! {
             }
         }
     }
+}
+
+/// Seeds `holders` as holders of `text` in the tree of model "m", without a decision.
+fn seed(r: &Router, text: &str, holders: &[usize]) {
+    let mut trees = r.trees.lock().unwrap();
+    let tree = trees.entry("m".into()).or_default();
+    for &h in holders {
+        tree.insert(text, h as TenantId);
+    }
+}
+
+/// SMG's rule written out directly (anchors.md §2.2 step 5): hot ⇔ load > max(rel·mean,
+/// mean + abs), mean over all workers.
+fn brute_hot(loads: &[usize], w: usize) -> bool {
+    let mean = loads.iter().sum::<usize>() as f64 / loads.len() as f64;
+    let l = loads[w] as f64;
+    l > 1.5 * mean && l > mean + 64.0
+}
+
+proptest! {
+    /// Every cache_aware decision obeys the written-out rule: a hit goes to a least-loaded
+    /// non-hot holder; a spill happens only when every holder is hot and goes to a globally
+    /// least-loaded worker, which then holds the prefix; a miss goes to a least-loaded worker.
+    #[test]
+    fn cache_aware_follows_the_rule(
+        loads in prop::collection::vec(0usize..300, 1..=MAX_MATCH_TENANTS),
+        holder_mask in any::<u16>(),
+        cached in any::<bool>(),
+    ) {
+        let n = loads.len();
+        let r = router(PolicyKind::CacheAware);
+        let text = "a long shared conversation prefix, then the rest".repeat(3);
+        let holders: Vec<usize> = (0..n).filter(|w| holder_mask & (1 << w) != 0).collect();
+        if cached {
+            seed(&r, &text, &holders);
+        }
+        let min_all = *loads.iter().min().unwrap();
+        let d = r.decide(&text_key(&text), &loads);
+        let cool: Vec<usize> = holders.iter().copied().filter(|&w| !brute_hot(&loads, w)).collect();
+        if !cached || holders.is_empty() {
+            prop_assert_eq!(d.reason, Reason::CacheMiss);
+            prop_assert_eq!(loads[d.worker], min_all);
+        } else if cool.is_empty() {
+            prop_assert_eq!(d.reason, Reason::Spill);
+            prop_assert_eq!(loads[d.worker], min_all);
+            prop_assert!(!holders.contains(&d.worker));
+        } else {
+            let full = text.chars().count();
+            prop_assert_eq!(d.reason, Reason::CacheHit { matched_chars: full, ratio: 1.0 });
+            prop_assert!(cool.contains(&d.worker));
+            prop_assert_eq!(loads[d.worker], cool.iter().map(|&w| loads[w]).min().unwrap());
+        }
+        // The chosen worker now holds the text.
+        let trees = r.trees.lock().unwrap();
+        let m = trees["m"].match_prefix(&text);
+        prop_assert!(m.tenants.contains(&(d.worker as TenantId)));
+    }
+}
+
+#[test]
+fn threshold_is_strict_and_per_model() {
+    let r = router(PolicyKind::CacheAware);
+    // 3 of 10 chars match: ratio 0.3 is not > 0.3 → miss; 4 of 10 → hit.
+    seed(&r, "abcXXXXXXX", &[2]);
+    seed(&r, "abcdYYYYYY", &[2]);
+    assert_eq!(
+        r.decide(&text_key("abcZZZZZZZ"), &[0, 1, 1]).reason,
+        Reason::CacheMiss
+    );
+    let d = r.decide(&text_key("abcdZZZZZZ"), &[0, 1, 1]);
+    assert_eq!(d.worker, 2);
+    assert_eq!(
+        d.reason,
+        Reason::CacheHit {
+            matched_chars: 4,
+            ratio: 0.4
+        }
+    );
+    // Another model never matches model "m"'s tree.
+    let other = RouteKey {
+        model: "other".into(),
+        text: "abcdZZZZZZ".into(),
+        ..RouteKey::default()
+    };
+    assert_eq!(r.decide(&other, &[0, 1, 1]).reason, Reason::CacheMiss);
+}
+
+#[test]
+fn empty_text_is_a_miss_and_not_recorded() {
+    let r = router(PolicyKind::CacheAware);
+    let ids_only = RouteKey {
+        model: "m".into(),
+        input_ids: Some(vec![1, 2, 3]),
+        ..RouteKey::default()
+    };
+    let d = r.decide(&ids_only, &[4, 0, 9]);
+    assert_eq!((d.worker, d.reason), (1, Reason::CacheMiss));
+    assert_eq!(r.tree_chars("m"), 0);
+}
+
+/// B15 (sgl-project/sglang PR #16734): the budget holds after every decision, not per sweep.
+#[test]
+fn b15_tree_stays_within_budget_at_every_decision() {
+    let r = Router::new(&Config {
+        policy: PolicyKind::CacheAware,
+        max_tree_size_chars: 2_000,
+        ..Config::default()
+    });
+    let mut loads = vec![0usize; 4];
+    for i in 0..500 {
+        let d = r.decide(&text_key(&format!("{i:05} {}", "y".repeat(i % 90))), &loads);
+        loads[d.worker] += 1;
+        assert!(r.tree_chars("m") <= 2_000, "decision {i}");
+    }
+    assert!(r.tree_chars("m") > 1_800);
+}
+
+#[test]
+fn tenants_of_removed_workers_are_not_candidates() {
+    // Worker 5 held the prefix but the fleet now has 3 workers: a miss, not a spill.
+    let r = router(PolicyKind::CacheAware);
+    let text = "prefix held by a worker that is gone ".repeat(3);
+    seed(&r, &text, &[5]);
+    let d = r.decide(&text_key(&text), &[2, 0, 1]);
+    assert_eq!((d.worker, d.reason), (1, Reason::CacheMiss));
+}
+
+#[test]
+fn round_robin_cycles_in_order() {
+    let r = router(PolicyKind::RoundRobin);
+    let got: Vec<usize> = (0..7)
+        .map(|_| r.decide(&text_key("x"), &[9, 0, 0]).worker)
+        .collect();
+    assert_eq!(got, vec![0, 1, 2, 0, 1, 2, 0]);
+}
+
+#[test]
+fn reason_labels() {
+    let hit = Reason::CacheHit {
+        matched_chars: 1,
+        ratio: 1.0,
+    };
+    let labels: Vec<&str> = [
+        Reason::RoundRobin,
+        Reason::LeastRequest,
+        hit,
+        Reason::CacheMiss,
+        Reason::Spill,
+    ]
+    .iter()
+    .map(Reason::as_str)
+    .collect();
+    assert_eq!(
+        labels,
+        ["round_robin", "least_request", "hit", "miss", "spill"]
+    );
+}
+
+#[test]
+fn router_is_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Router>();
+    let r = std::sync::Arc::new(router(PolicyKind::CacheAware));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                for i in 0..200 {
+                    let d = r.decide(&text_key(&format!("thread {t} turn {i}")), &[1, 1, 1, 1]);
+                    assert!(d.worker < 4);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(r.tree_chars("m") > 0);
 }
