@@ -96,9 +96,10 @@ fn a_shared_short_system_prompt_is_a_miss() {
     assert_eq!((d.worker, d.reason), (1, Reason::CacheMiss));
 }
 
+/// B1 (smg-project/smg PR #1714) and B4 (smg-project/smg PR #2146): 64 misses over 4 idle
+/// workers spread 16 ± 3 for every policy; each decision's load goes up before the next one.
 #[test]
-fn sixty_four_misses_spread_for_every_policy() {
-    // bug-cases.md B1/B4: each decision's worker load goes up before the next decision.
+fn b1_b4_sixty_four_misses_spread_for_every_policy() {
     for kind in PolicyKind::ALL {
         let r = router(kind);
         let mut loads = vec![0usize; 4];
