@@ -1,5 +1,14 @@
-//! stub
+//! kvroute's test bed: everything needed to exercise the router without GPUs.
+//!
+//! - [`engine`]: a simulated vLLM-like engine (block manager, scheduler, timing model, HTTP).
+//! - [`trace`]: Mooncake-format traces and the id → token/text recipe of `traces.md` §3.
+//! - [`workload`]: the built-in demo workload (multi-turn conversations sharing system prompts).
+//! - [`replay`]: an open-loop replay client measuring TTFT, TPOT, e2e and cache hit rate.
+//! - [`index_bench`], [`tokenize_bench`]: the short benchmark runs behind `kvroute bench`.
+
 pub mod engine;
+pub mod index_bench;
 pub mod replay;
+pub mod tokenize_bench;
 pub mod trace;
 pub mod workload;

@@ -29,6 +29,28 @@ enum Command {
     /// Start 4 engines and the router on loopback, replay a workload once per policy, print
     /// a comparison table.
     Demo(demo::DemoArgs),
+    /// Short benchmark runs (< 60 s each) that print and write JSON.
+    Bench(BenchArgs),
+}
+
+/// Flags of `kvroute bench`.
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// Which benchmark.
+    #[arg(value_enum)]
+    what: BenchWhat,
+    /// Write the JSON report to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// The benchmarks of `kvroute bench`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum BenchWhat {
+    /// The cache indexes against naive baselines (issue 3).
+    Index,
+    /// Full vs incremental tokenization (issue 4).
+    Tokenize,
 }
 
 /// Flags of `kvroute serve`. Each overrides the same key of `--config`; unset flags keep the
@@ -271,6 +293,18 @@ fn main() -> anyhow::Result<()> {
         Command::Engine(args) => run_engine(args),
         Command::Replay(args) => run_replay(args),
         Command::Demo(args) => demo::run(args),
+        Command::Bench(args) => {
+            let report = match args.what {
+                BenchWhat::Index => kvroute_bench::index_bench::run()?,
+                BenchWhat::Tokenize => kvroute_bench::tokenize_bench::run()?,
+            };
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            if let Some(out) = args.out {
+                std::fs::write(&out, serde_json::to_vec_pretty(&report)?)
+                    .with_context(|| format!("writing {}", out.display()))?;
+            }
+            Ok(())
+        }
     }
 }
 
