@@ -21,6 +21,9 @@ pub const DEMO_ENGINES: usize = 4;
 /// a quarter of the built-in workload's distinct prompt tokens, so a cache-blind spread of
 /// every prefix over all engines evicts, as a real fleet under load does.
 pub const DEMO_NUM_GPU_BLOCKS: usize = 4_096;
+/// KV capacity of each demo engine when replaying a trace file, blocks of 16 tokens (vLLM's
+/// 16,384-block default, 262,144 tokens): Mooncake prompts average 12k tokens and reach 126k.
+pub const DEMO_TRACE_NUM_GPU_BLOCKS: usize = 16_384;
 /// Demo engines run the timing model this many times faster than real time.
 pub const DEMO_SPEEDUP_RATIO: f64 = 4.0;
 /// Trace timestamps are divided by this in the demo.
@@ -41,9 +44,10 @@ pub struct DemoArgs {
     /// Simulated engines to start.
     #[arg(long, default_value_t = DEMO_ENGINES)]
     pub engines: usize,
-    /// KV capacity of each engine, blocks.
-    #[arg(long, default_value_t = DEMO_NUM_GPU_BLOCKS)]
-    pub num_gpu_blocks: usize,
+    /// KV capacity of each engine, blocks [default: 4,096 for the built-in workload, 16,384
+    /// with --trace; never below what the longest prompt needs].
+    #[arg(long)]
+    pub num_gpu_blocks: Option<usize>,
     /// Engine speed-up over the timing model.
     #[arg(long, default_value_t = DEMO_SPEEDUP_RATIO)]
     pub speedup_ratio: f64,
@@ -145,6 +149,21 @@ pub fn run_engine_forever(cfg: EngineConfig, tokenizer: Tokenizer) -> anyhow::Re
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let records = load_records(args.trace.as_deref(), args.max_requests)?;
+    let longest_blocks = records
+        .iter()
+        .map(|r| {
+            (r.input_length as usize + r.output_length as usize) / engine::defaults::BLOCK_SIZE + 2
+        })
+        .max()
+        .unwrap_or(0);
+    let num_gpu_blocks = args
+        .num_gpu_blocks
+        .unwrap_or(if args.trace.is_some() {
+            DEMO_TRACE_NUM_GPU_BLOCKS
+        } else {
+            DEMO_NUM_GPU_BLOCKS
+        })
+        .max(longest_blocks);
     let tokenizer = Arc::new(Tokenizer::qwen3()?);
     let prompts = PromptBuilder::new(
         WordIds::from_tokenizer(&tokenizer)?,
@@ -158,7 +177,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         "kvroute demo: {} requests from {source}, {} engines x {} KV blocks, speed-up {}, time scale {}",
         records.len(),
         args.engines,
-        args.num_gpu_blocks,
+        num_gpu_blocks,
         args.speedup_ratio,
         args.time_scale
     );
@@ -166,7 +185,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .map(|i| {
             let cfg = EngineConfig {
                 listen: "127.0.0.1:0".parse().expect("literal address"),
-                num_gpu_blocks: args.num_gpu_blocks,
+                num_gpu_blocks,
                 speedup_ratio: args.speedup_ratio,
                 seed: i as u64,
                 ..EngineConfig::default()
