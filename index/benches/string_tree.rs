@@ -59,7 +59,7 @@ fn fixture(prompt_chars: usize) -> Fixture {
         let body_chars = prompt_chars.saturating_sub(sys.chars().count() + 40);
         let conv = format!("{sys}<|user|>{c} {}", words(&mut rng, body_chars));
         let tenant = c as u32 % TENANTS;
-        tree.insert(&conv, tenant);
+        tree.insert(0, &conv, tenant);
         reference.insert(&conv, tenant);
         if c % 16 == 0 {
             queries.push(format!("{conv}<|user|>and one more question?"));
@@ -92,7 +92,7 @@ fn bench_match_prefix(c: &mut Criterion) {
         let fx = fixture(chars);
         // Both must agree on every query before their speeds are compared.
         for q in &fx.queries {
-            let got = fx.tree.match_prefix(q);
+            let got = fx.tree.match_prefix(0, q);
             let want = fx.reference.match_prefix(q);
             assert_eq!(got.matched_chars, want.matched_chars, "query disagrees");
             assert!(got.tenants.iter().all(|t| want.tenants.contains(t)));
@@ -104,7 +104,7 @@ fn bench_match_prefix(c: &mut Criterion) {
             |b| {
                 b.iter(|| {
                     i = (i + 1) % fx.queries.len();
-                    black_box(fx.tree.match_prefix(black_box(&fx.queries[i])))
+                    black_box(fx.tree.match_prefix(0, black_box(&fx.queries[i])))
                 })
             },
         );
@@ -120,7 +120,7 @@ fn bench_match_prefix(c: &mut Criterion) {
         );
         group.finish();
         let tree_ns = mean_ns(&fx.queries, 20_000, |q| {
-            fx.tree.match_prefix(q).matched_chars
+            fx.tree.match_prefix(0, q).matched_chars
         });
         let ref_ns = mean_ns(&fx.queries, 64, |q| {
             fx.reference.match_prefix(q).matched_chars

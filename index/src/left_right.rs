@@ -1,0 +1,142 @@
+//! [`LeftRight`]: lock-free reads of a structure with one writer at a time, by keeping two
+//! copies (the left-right pattern; Ramalhete & Correia 2015, the `left-right` crate).
+//!
+//! Readers enter the active copy by bumping that copy's reader count and re-checking that it
+//! is still active; they never take a lock and never wait for the writer. Writes are queued
+//! (`write` never blocks either); whichever writer holds the writer lock (taken with
+//! `try_lock`, so nobody waits for it) drains the queue, applies the batch to the standby
+//! copy, swaps the copies, and replays the batch on the other copy once its readers have left.
+//! The cost: two copies in memory and every write applied twice. Chosen for the trees because
+//! their writes touch many nodes (splits, merges, evictions) that would each need epoch
+//! reclamation in a concurrent tree, while a tree match is only ~1 µs so the writer's wait for
+//! readers to leave a copy is short.
+
+use std::cell::UnsafeCell;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[repr(align(64))]
+struct Padded(AtomicUsize);
+
+struct Side<Op> {
+    /// Ops applied to the active copy but not yet to the standby one.
+    log: Vec<Op>,
+}
+
+/// Two copies of a `T`, read without locks, written through queued ops.
+pub struct LeftRight<T, Op> {
+    copies: [UnsafeCell<T>; 2],
+    active: AtomicUsize,
+    readers: [Padded; 2],
+    writer: Mutex<Side<Op>>,
+    tx: crossbeam_channel::Sender<Op>,
+    rx: crossbeam_channel::Receiver<Op>,
+    apply: fn(&mut T, &Op),
+}
+
+// Safety: readers get `&T` only to the active copy and the writer mutates only the standby
+// copy after its reader count drops to 0 (see `read` and `flush`), so `T: Sync` suffices for
+// shared reads and `T: Send` for the writer's exclusive access from any thread.
+unsafe impl<T: Send + Sync, Op: Send> Sync for LeftRight<T, Op> {}
+// Safety: owning the structure owns both copies.
+unsafe impl<T: Send, Op: Send> Send for LeftRight<T, Op> {}
+
+/// A read of the active copy; the copy cannot be written while this lives.
+pub struct ReadGuard<'a, T, Op> {
+    lr: &'a LeftRight<T, Op>,
+    side: usize,
+}
+
+impl<T, Op> std::ops::Deref for ReadGuard<'_, T, Op> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // Safety: our reader count on `side` keeps the writer out of this copy.
+        unsafe { &*self.lr.copies[self.side].get() }
+    }
+}
+
+impl<T, Op> Drop for ReadGuard<'_, T, Op> {
+    fn drop(&mut self) {
+        self.lr.readers[self.side].0.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl<T: Clone, Op> LeftRight<T, Op> {
+    /// Two copies of `init`; `apply` must be deterministic, so both copies stay equal.
+    pub fn new(init: T, apply: fn(&mut T, &Op)) -> Self {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        Self {
+            copies: [UnsafeCell::new(init.clone()), UnsafeCell::new(init)],
+            active: AtomicUsize::new(0),
+            readers: [Padded(AtomicUsize::new(0)), Padded(AtomicUsize::new(0))],
+            writer: Mutex::new(Side { log: Vec::new() }),
+            tx,
+            rx,
+            apply,
+        }
+    }
+}
+
+impl<T, Op> LeftRight<T, Op> {
+    /// The current copy. Lock-free: at most one retry per concurrent swap, never a wait.
+    pub fn read(&self) -> ReadGuard<'_, T, Op> {
+        loop {
+            let side = self.active.load(Ordering::SeqCst);
+            self.readers[side].0.fetch_add(1, Ordering::SeqCst);
+            if self.active.load(Ordering::SeqCst) == side {
+                return ReadGuard { lr: self, side };
+            }
+            self.readers[side].0.fetch_sub(1, Ordering::Release);
+        }
+    }
+
+    /// Queues `op` and, unless another thread is writing (which then applies it), applies
+    /// every queued op and publishes the result. Never blocks on the writer lock.
+    pub fn write(&self, op: Op) {
+        // The receiver lives as long as `self`, so the send cannot fail.
+        let _ = self.tx.send(op);
+        self.flush();
+    }
+
+    /// Applies queued ops if no other thread is doing so; returns whether it did.
+    pub fn flush(&self) -> bool {
+        let mut did = false;
+        loop {
+            let Ok(mut side) = self.writer.try_lock() else {
+                return did;
+            };
+            let batch: Vec<Op> = self.rx.try_iter().collect();
+            if batch.is_empty() {
+                return did;
+            }
+            did = true;
+            let standby = 1 - self.active.load(Ordering::SeqCst);
+            // Readers that entered the standby copy before the last swap are finishing a read
+            // (~µs); the writer, never a reader, waits for them.
+            let mut spins = 0u32;
+            while self.readers[standby].0.load(Ordering::SeqCst) != 0 {
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            // Safety: the standby copy has no readers (count 0 after `active` stopped pointing
+            // at it; new readers re-check `active` and back off) and we hold the writer lock.
+            let copy = unsafe { &mut *self.copies[standby].get() };
+            for op in side.log.drain(..) {
+                (self.apply)(copy, &op);
+            }
+            for op in &batch {
+                (self.apply)(copy, op);
+            }
+            self.active.store(standby, Ordering::SeqCst);
+            side.log = batch;
+            drop(side);
+            if self.rx.is_empty() {
+                return did;
+            }
+        }
+    }
+}

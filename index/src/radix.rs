@@ -1,0 +1,790 @@
+//! The multi-tenant radix tree shared by [`crate::StringTree`] (unit = one char of UTF-8) and
+//! [`crate::TokenTree`] (unit = one page of `block_size` token ids). Crate-private: the two
+//! public trees are thin wrappers that convert their input to bytes and their sizes to units.
+//!
+//! Edges are byte strings cut only at unit boundaries. Children are keyed by a `u64` digest of
+//! the edge's first unit (the char itself, or xxh3-64 of the first page). Under the root sits
+//! one *namespace node* per cache partition (empty edge, keyed by the namespace hash), so
+//! different namespaces never share a node and never match each other.
+//!
+//! Eviction is LRU over (tenant, leaf) pairs, as in SMG (anchors §2.4), but the candidates are
+//! kept in an ordered set maintained on every insert, so evicting costs O(log n) per evicted
+//! pair instead of a heap rebuild over the whole tree.
+
+use crate::{Namespace, TenantId};
+use std::collections::BTreeSet;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Index of a node in the arena. `ROOT` is never freed.
+pub(crate) type NodeId = u32;
+pub(crate) const ROOT: NodeId = 0;
+const NO_PARENT: NodeId = NodeId::MAX;
+
+/// What one unit of an edge is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unit {
+    /// One Unicode scalar value of UTF-8 text (1–4 bytes).
+    Char,
+    /// One page of token ids: `bytes` = `block_size × 4` bytes (native-endian `u32`s).
+    Page { bytes: usize },
+}
+
+impl Unit {
+    /// Digest of the first unit of non-empty `bytes` (which start at a unit boundary).
+    #[inline]
+    fn key(self, bytes: &[u8]) -> u64 {
+        match self {
+            Unit::Char => first_char(bytes) as u64,
+            Unit::Page { bytes: page } => xxh3_64(&bytes[..page]),
+        }
+    }
+
+    /// Units in `bytes` (a whole number of units).
+    #[inline]
+    fn count(self, bytes: &[u8]) -> usize {
+        match self {
+            Unit::Char => count_chars(bytes),
+            Unit::Page { bytes: page } => bytes.len() / page,
+        }
+    }
+
+    /// Bytes of the longest common prefix of `a` and `b`, cut back to a unit boundary of both.
+    #[inline]
+    fn common(self, a: &[u8], b: &[u8]) -> usize {
+        let n = common_prefix_bytes(a, b);
+        match self {
+            Unit::Char => back_to_char_boundary(a, b, n),
+            Unit::Page { bytes: page } => n - n % page,
+        }
+    }
+}
+
+/// Answer of [`Radix::match_prefix`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RadixMatch {
+    /// Units of the longest prefix found.
+    pub units: usize,
+    /// Up to `max_tenants` tenants of the deepest matched node, most recent first.
+    pub tenants: Vec<TenantId>,
+}
+
+/// `(tenant, clock of its last insert through this node, children listing the tenant)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Holder {
+    tenant: TenantId,
+    children: u32,
+    clock: u64,
+}
+
+#[derive(Debug)]
+struct Node {
+    /// Edge label from the parent, whole units; empty only for the root and namespace nodes.
+    edge: Box<[u8]>,
+    /// Units in `edge`.
+    edge_units: u32,
+    /// The parent's child key of this node: first-unit digest, or the namespace hash.
+    key: u64,
+    parent: NodeId,
+    /// `(key, child)`, sorted by key.
+    children: Vec<(u64, NodeId)>,
+    /// Sorted by tenant.
+    holders: Vec<Holder>,
+}
+
+impl Node {
+    #[inline]
+    fn holder(&self, tenant: TenantId) -> Result<usize, usize> {
+        self.holders.binary_search_by_key(&tenant, |h| h.tenant)
+    }
+
+    #[inline]
+    fn child(&self, key: u64) -> Option<NodeId> {
+        let c = &self.children;
+        if c.len() <= 8 {
+            c.iter().find(|&&(k, _)| k == key).map(|&(_, id)| id)
+        } else {
+            c.binary_search_by_key(&key, |&(k, _)| k)
+                .ok()
+                .map(|i| c[i].1)
+        }
+    }
+}
+
+/// The tree. See [`crate::StringTree`] for the public contract and invariants; sizes here are
+/// in units.
+#[derive(Debug)]
+pub(crate) struct Radix {
+    unit: Unit,
+    nodes: Vec<Option<Node>>,
+    free: Vec<NodeId>,
+    live_nodes: usize,
+    tenant_units: Vec<usize>,
+    total_units: usize,
+    stored_units: usize,
+    stored_bytes: usize,
+    clock: u64,
+    /// Budget on `total_units`, enforced at the end of every insert.
+    max_units: usize,
+    /// Every (clock, tenant, node) where the node lists the tenant and no child does.
+    leaves: BTreeSet<(u64, TenantId, NodeId)>,
+    evicted_pairs: u64,
+}
+
+impl Radix {
+    pub(crate) fn new(unit: Unit, max_units: usize) -> Self {
+        let root = Node {
+            edge: Box::default(),
+            edge_units: 0,
+            key: 0,
+            parent: NO_PARENT,
+            children: Vec::new(),
+            holders: Vec::new(),
+        };
+        Self {
+            unit,
+            nodes: vec![Some(root)],
+            free: Vec::new(),
+            live_nodes: 1,
+            tenant_units: Vec::new(),
+            total_units: 0,
+            stored_units: 0,
+            stored_bytes: 0,
+            clock: 0,
+            max_units,
+            leaves: BTreeSet::new(),
+            evicted_pairs: 0,
+        }
+    }
+
+    #[inline]
+    fn node(&self, id: NodeId) -> &Node {
+        self.nodes[id as usize].as_ref().expect("live node")
+    }
+
+    #[inline]
+    fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        self.nodes[id as usize].as_mut().expect("live node")
+    }
+
+    fn alloc(&mut self, node: Node) -> NodeId {
+        self.live_nodes += 1;
+        self.stored_units += node.edge_units as usize;
+        self.stored_bytes += node.edge.len();
+        if let Some(id) = self.free.pop() {
+            self.nodes[id as usize] = Some(node);
+            id
+        } else {
+            let id = NodeId::try_from(self.nodes.len()).expect("fewer than 2^32 nodes");
+            self.nodes.push(Some(node));
+            id
+        }
+    }
+
+    fn release(&mut self, id: NodeId) {
+        let node = self.nodes[id as usize].take().expect("live node");
+        self.stored_units -= node.edge_units as usize;
+        self.stored_bytes -= node.edge.len();
+        self.live_nodes -= 1;
+        self.free.push(id);
+    }
+
+    fn add_units(&mut self, tenant: TenantId, units: usize) {
+        let t = tenant as usize;
+        if self.tenant_units.len() <= t {
+            self.tenant_units.resize(t + 1, 0);
+        }
+        self.tenant_units[t] += units;
+        self.total_units += units;
+    }
+
+    fn sub_units(&mut self, tenant: TenantId, units: usize) {
+        self.tenant_units[tenant as usize] -= units;
+        self.total_units -= units;
+    }
+
+    /// Lists `tenant` on `id` at `now`. Returns its previous clock there, `None` if it is new
+    /// (then its units are counted and the parent's child count for it goes up).
+    fn touch(&mut self, id: NodeId, tenant: TenantId, now: u64) -> Option<u64> {
+        let node = self.node_mut(id);
+        match node.holder(tenant) {
+            Ok(i) => Some(std::mem::replace(&mut node.holders[i].clock, now)),
+            Err(i) => {
+                node.holders.insert(
+                    i,
+                    Holder {
+                        tenant,
+                        children: 0,
+                        clock: now,
+                    },
+                );
+                let (units, parent) = (node.edge_units as usize, node.parent);
+                self.add_units(tenant, units);
+                self.bump_parent_count(parent, tenant, 1);
+                None
+            }
+        }
+    }
+
+    /// Adds `delta` to `parent`'s count of children listing `tenant` (no-op at the root).
+    fn bump_parent_count(&mut self, parent: NodeId, tenant: TenantId, delta: i32) {
+        if parent == ROOT {
+            return;
+        }
+        let p = self.node_mut(parent);
+        let i = p.holder(tenant).expect("child tenants ⊆ parent tenants");
+        p.holders[i].children = p.holders[i].children.wrapping_add_signed(delta);
+    }
+
+    /// The namespace node of `ns`, if any.
+    fn ns_node(&self, ns: Namespace) -> Option<NodeId> {
+        self.node(ROOT).child(ns)
+    }
+
+    fn insert_child(&mut self, parent: NodeId, key: u64, id: NodeId) {
+        let p = self.node_mut(parent);
+        let slot = p
+            .children
+            .binary_search_by_key(&key, |&(k, _)| k)
+            .expect_err("no child with this key");
+        p.children.insert(slot, (key, id));
+    }
+
+    /// Splits `child`'s edge after `at` bytes (a unit boundary strictly inside the edge): a
+    /// new node takes the head and the child's tenants and becomes the child's parent.
+    fn split(&mut self, child: NodeId, at: usize) -> NodeId {
+        let unit = self.unit;
+        let (parent, key, head, tail, holders) = {
+            let c = self.node(child);
+            let holders: Vec<Holder> = c
+                .holders
+                .iter()
+                .map(|h| Holder { children: 1, ..*h })
+                .collect();
+            (
+                c.parent,
+                c.key,
+                Box::<[u8]>::from(&c.edge[..at]),
+                Box::<[u8]>::from(&c.edge[at..]),
+                holders,
+            )
+        };
+        let head_units = unit.count(&head);
+        let tail_key = unit.key(&tail);
+        let mid = self.alloc(Node {
+            edge: head,
+            edge_units: head_units as u32,
+            key,
+            parent,
+            children: vec![(tail_key, child)],
+            holders,
+        });
+        // `alloc` counted the head; the child's edge shrinks by as much.
+        self.stored_units -= head_units;
+        self.stored_bytes -= at;
+        {
+            let c = self.node_mut(child);
+            c.edge = tail;
+            c.edge_units -= head_units as u32;
+            c.key = tail_key;
+            c.parent = mid;
+        }
+        let p = self.node_mut(parent);
+        let slot = p
+            .children
+            .binary_search_by_key(&key, |&(k, _)| k)
+            .expect("parent lists child");
+        p.children[slot].1 = mid;
+        mid
+    }
+
+    fn add_leaf(
+        &mut self,
+        parent: NodeId,
+        key: u64,
+        edge: &[u8],
+        tenant: TenantId,
+        now: u64,
+    ) -> NodeId {
+        let units = self.unit.count(edge);
+        let id = self.alloc(Node {
+            edge: Box::from(edge),
+            edge_units: u32::try_from(units).expect("edge shorter than 2^32 units"),
+            key,
+            parent,
+            children: Vec::new(),
+            holders: vec![Holder {
+                tenant,
+                children: 0,
+                clock: now,
+            }],
+        });
+        self.add_units(tenant, units);
+        self.bump_parent_count(parent, tenant, 1);
+        self.insert_child(parent, key, id);
+        id
+    }
+
+    /// Records `bytes` (whole units) for `tenant` in namespace `ns`, one clock tick, then
+    /// evicts down to the budget. Empty input only ticks the clock.
+    pub(crate) fn insert(&mut self, ns: Namespace, bytes: &[u8], tenant: TenantId) {
+        self.clock += 1;
+        let now = self.clock;
+        if bytes.is_empty() {
+            return;
+        }
+        let unit = self.unit;
+        let nsn = match self.ns_node(ns) {
+            Some(n) => n,
+            None => self.add_leaf(ROOT, ns, &[], tenant, now),
+        };
+        // The deepest path node that listed `tenant` before this insert: the only one that
+        // can have been its leaf (tenant nodes are prefix-closed).
+        let mut last_held: Option<(u64, NodeId)> = self.touch(nsn, tenant, now).map(|c| (c, nsn));
+        let mut cur = nsn;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let key = unit.key(rest);
+            let Some(child) = self.node(cur).child(key) else {
+                cur = self.add_leaf(cur, key, rest, tenant, now);
+                break;
+            };
+            let edge = &self.node(child).edge;
+            let common = unit.common(edge, rest);
+            if common == 0 {
+                // Page digest collision: the rest is not recorded (counts as a miss, SMG).
+                break;
+            }
+            let next = if common == edge.len() {
+                child
+            } else {
+                self.split(child, common)
+            };
+            if let Some(c) = self.touch(next, tenant, now) {
+                last_held = Some((c, next));
+            }
+            cur = next;
+            rest = &rest[common..];
+        }
+        if let Some((c, id)) = last_held {
+            self.leaves.remove(&(c, tenant, id));
+        }
+        if self.is_leaf_of(cur, tenant) {
+            self.leaves.insert((now, tenant, cur));
+        }
+        if self.total_units > self.max_units {
+            self.evict_to(self.max_units);
+        }
+    }
+
+    fn is_leaf_of(&self, id: NodeId, tenant: TenantId) -> bool {
+        let n = self.node(id);
+        n.holder(tenant).is_ok_and(|i| n.holders[i].children == 0)
+    }
+
+    /// Longest prefix of `bytes` (whole units) in namespace `ns` and up to `max_tenants` most
+    /// recent tenants of the deepest matched node.
+    pub(crate) fn match_prefix(
+        &self,
+        ns: Namespace,
+        bytes: &[u8],
+        max_tenants: usize,
+    ) -> RadixMatch {
+        let unit = self.unit;
+        let Some(mut cur) = self.ns_node(ns) else {
+            return RadixMatch::default();
+        };
+        let nsn = cur;
+        let mut units = 0usize;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let Some(child) = self.node(cur).child(unit.key(rest)) else {
+                break;
+            };
+            let node = self.node(child);
+            let edge = &node.edge[..];
+            if rest.len() >= edge.len() && rest[..edge.len()] == *edge {
+                units += node.edge_units as usize;
+                rest = &rest[edge.len()..];
+                cur = child;
+                continue;
+            }
+            let common = unit.common(edge, rest);
+            if common > 0 {
+                units += unit.count(&edge[..common]);
+                cur = child;
+            }
+            break;
+        }
+        if cur == nsn {
+            return RadixMatch::default();
+        }
+        RadixMatch {
+            units,
+            tenants: most_recent(&self.node(cur).holders, max_tenants),
+        }
+    }
+
+    /// Removes `tenant` everywhere, frees emptied nodes, merges chains left behind.
+    pub(crate) fn remove_tenant(&mut self, tenant: TenantId) {
+        let mut stack: Vec<NodeId> = self.node(ROOT).children.iter().map(|&(_, c)| c).collect();
+        let mut touched = Vec::new();
+        while let Some(id) = stack.pop() {
+            let node = self.node_mut(id);
+            let Ok(pos) = node.holder(tenant) else {
+                continue;
+            };
+            let h = node.holders.remove(pos);
+            let units = node.edge_units as usize;
+            let emptied = node.holders.is_empty();
+            let parent = node.parent;
+            if h.children == 0 {
+                self.leaves.remove(&(h.clock, tenant, id));
+            }
+            self.sub_units(tenant, units);
+            if emptied {
+                // Children hold a subset of {tenant}: the whole subtree goes.
+                self.detach(id);
+                self.free_subtree(id, tenant);
+            } else {
+                let node = self.node(id);
+                stack.extend(node.children.iter().map(|&(_, c)| c));
+                touched.push(id);
+            }
+            touched.push(parent);
+        }
+        // Nothing was allocated above, so freed ids were not reused.
+        for id in touched {
+            while self.nodes[id as usize].is_some() && self.try_merge(id) {}
+        }
+    }
+
+    /// Frees `id` (already stripped of `tenant`) and its descendants, which list only `tenant`.
+    fn free_subtree(&mut self, id: NodeId, tenant: TenantId) {
+        let mut stack = vec![id];
+        while let Some(n) = stack.pop() {
+            let node = self.node(n);
+            stack.extend(node.children.iter().map(|&(_, c)| c));
+            if n != id {
+                let h = node.holders[0];
+                let units = node.edge_units as usize;
+                if h.children == 0 {
+                    self.leaves.remove(&(h.clock, tenant, n));
+                }
+                self.sub_units(tenant, units);
+            }
+            self.release(n);
+        }
+    }
+
+    fn detach(&mut self, id: NodeId) {
+        let (parent, key) = {
+            let n = self.node(id);
+            (n.parent, n.key)
+        };
+        let p = self.node_mut(parent);
+        let slot = p
+            .children
+            .binary_search_by_key(&key, |&(k, _)| k)
+            .expect("parent lists child");
+        p.children.remove(slot);
+    }
+
+    /// Merges `id` (below a namespace node) with its only child when both list the same
+    /// tenants. The merged node keeps the child's clocks and child counts (both valid: the
+    /// child's clocks are ≤ `id`'s). Sizes do not change.
+    fn try_merge(&mut self, id: NodeId) -> bool {
+        if id == ROOT {
+            return false;
+        }
+        let node = self.node(id);
+        if node.parent == ROOT || node.children.len() != 1 {
+            return false;
+        }
+        let child = node.children[0].1;
+        let c = self.node(child);
+        let same = c.holders.len() == node.holders.len()
+            && c.holders
+                .iter()
+                .zip(&node.holders)
+                .all(|(a, b)| a.tenant == b.tenant);
+        if !same {
+            return false;
+        }
+        let c = self.nodes[child as usize].take().expect("live child");
+        self.live_nodes -= 1;
+        self.free.push(child);
+        for h in &c.holders {
+            if h.children == 0 && self.leaves.remove(&(h.clock, h.tenant, child)) {
+                self.leaves.insert((h.clock, h.tenant, id));
+            }
+        }
+        for &(_, g) in &c.children {
+            self.node_mut(g).parent = id;
+        }
+        let node = self.node_mut(id);
+        let mut edge = Vec::with_capacity(node.edge.len() + c.edge.len());
+        edge.extend_from_slice(&node.edge);
+        edge.extend_from_slice(&c.edge);
+        node.edge = edge.into_boxed_slice();
+        node.edge_units += c.edge_units;
+        node.children = c.children;
+        node.holders = c.holders;
+        true
+    }
+
+    /// Evicts least-recently-inserted (tenant, leaf) pairs until `total_units <= max_units`.
+    /// Cost O(log n) per evicted pair. No merging here: a merged leaf would be coarser and
+    /// evict more than the budget needs.
+    pub(crate) fn evict_to(&mut self, max_units: usize) {
+        while self.total_units > max_units {
+            let Some((_, tenant, id)) = self.leaves.pop_first() else {
+                break;
+            };
+            self.evicted_pairs += 1;
+            let node = self.node_mut(id);
+            let pos = node.holder(tenant).expect("leaf entries are live");
+            node.holders.remove(pos);
+            let units = node.edge_units as usize;
+            let parent = node.parent;
+            let emptied = node.holders.is_empty();
+            self.sub_units(tenant, units);
+            if emptied {
+                debug_assert!(self.node(id).children.is_empty());
+                self.detach(id);
+                self.release(id);
+            }
+            if parent != ROOT {
+                let p = self.node_mut(parent);
+                let i = p.holder(tenant).expect("subset");
+                p.holders[i].children -= 1;
+                if p.holders[i].children == 0 {
+                    if p.parent == ROOT {
+                        // A namespace node holds 0 units: drop the tenant there at once.
+                        p.holders.remove(i);
+                        if p.holders.is_empty() {
+                            self.detach(parent);
+                            self.release(parent);
+                        }
+                    } else {
+                        let clock = p.holders[i].clock;
+                        self.leaves.insert((clock, tenant, parent));
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn tenant_units(&self, tenant: TenantId) -> usize {
+        self.tenant_units.get(tenant as usize).copied().unwrap_or(0)
+    }
+    pub(crate) fn total_units(&self) -> usize {
+        self.total_units
+    }
+    pub(crate) fn stored_units(&self) -> usize {
+        self.stored_units
+    }
+    pub(crate) fn node_count(&self) -> usize {
+        self.live_nodes
+    }
+    pub(crate) fn evicted_pairs(&self) -> u64 {
+        self.evicted_pairs
+    }
+    pub(crate) fn max_units(&self) -> usize {
+        self.max_units
+    }
+
+    /// Estimated heap + inline bytes: arena slots, edges, child and holder vectors, and the
+    /// leaf set (≈ 24 bytes per entry after B-tree overhead).
+    pub(crate) fn memory_bytes(&self) -> usize {
+        let mut b = self.nodes.capacity() * std::mem::size_of::<Option<Node>>()
+            + self.free.capacity() * 4
+            + self.tenant_units.capacity() * 8
+            + self.leaves.len() * 24;
+        for n in self.nodes.iter().flatten() {
+            b += n.edge.len() + n.children.capacity() * 16 + n.holders.capacity() * 16;
+        }
+        b
+    }
+
+    /// Checks the invariants listed on [`crate::StringTree`].
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn check_invariants(&self) -> Result<(), crate::IndexError> {
+        use crate::IndexError::Invariant;
+        let bad = |number: u8, node: NodeId| Err(Invariant { number, node });
+        let root = self.node(ROOT);
+        if !root.edge.is_empty() || root.parent != NO_PARENT || !root.holders.is_empty() {
+            return bad(1, ROOT);
+        }
+        let mut tenant_units: Vec<usize> = Vec::new();
+        let mut stored = 0usize;
+        let mut leaves = BTreeSet::new();
+        let mut seen = vec![false; self.nodes.len()];
+        let mut stack = vec![ROOT];
+        let mut reached = 0usize;
+        while let Some(id) = stack.pop() {
+            if std::mem::replace(&mut seen[id as usize], true) {
+                return bad(6, id);
+            }
+            reached += 1;
+            let node = self.node(id);
+            if id != ROOT {
+                let is_ns = node.parent == ROOT;
+                if node.edge.is_empty() != is_ns
+                    || node.edge_units as usize != self.unit.count(&node.edge)
+                    || (!is_ns && node.key != self.unit.key(&node.edge))
+                {
+                    return bad(1, id);
+                }
+                if node.holders.is_empty() {
+                    return bad(3, id);
+                }
+                stored += node.edge_units as usize;
+                for h in &node.holders {
+                    let t = h.tenant as usize;
+                    if tenant_units.len() <= t {
+                        tenant_units.resize(t + 1, 0);
+                    }
+                    tenant_units[t] += node.edge_units as usize;
+                    let listed = node
+                        .children
+                        .iter()
+                        .filter(|&&(_, c)| self.node(c).holder(h.tenant).is_ok())
+                        .count();
+                    if listed != h.children as usize {
+                        return bad(7, id);
+                    }
+                    if listed == 0 {
+                        leaves.insert((h.clock, h.tenant, id));
+                    }
+                }
+            }
+            if !node.children.windows(2).all(|w| w[0].0 < w[1].0)
+                || !node.holders.windows(2).all(|w| w[0].tenant < w[1].tenant)
+            {
+                return bad(2, id);
+            }
+            for &(key, c) in &node.children {
+                let Some(Some(child)) = self.nodes.get(c as usize) else {
+                    return bad(1, c);
+                };
+                if child.parent != id || child.key != key {
+                    return bad(1, c);
+                }
+                if id != ROOT {
+                    for h in &child.holders {
+                        match node.holder(h.tenant) {
+                            Ok(i) if node.holders[i].clock >= h.clock => {}
+                            _ => return bad(4, c),
+                        }
+                    }
+                }
+                stack.push(c);
+            }
+        }
+        if reached != self.live_nodes || self.nodes.len() - self.free.len() != self.live_nodes {
+            return bad(6, ROOT);
+        }
+        if stored != self.stored_units {
+            return bad(5, ROOT);
+        }
+        let n = tenant_units.len().max(self.tenant_units.len());
+        for t in 0..n {
+            if self.tenant_units.get(t).copied().unwrap_or(0)
+                != tenant_units.get(t).copied().unwrap_or(0)
+            {
+                return bad(5, ROOT);
+            }
+        }
+        if tenant_units.iter().sum::<usize>() != self.total_units {
+            return bad(5, ROOT);
+        }
+        if leaves != self.leaves {
+            return bad(7, ROOT);
+        }
+        Ok(())
+    }
+
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn mentions_tenant(&self, tenant: TenantId) -> bool {
+        self.nodes
+            .iter()
+            .flatten()
+            .any(|n| n.holder(tenant).is_ok())
+            || self.leaves.iter().any(|&(_, t, _)| t == tenant)
+    }
+}
+
+/// Up to `max` tenants, most recent clock first (ties: lower id first).
+fn most_recent(holders: &[Holder], max: usize) -> Vec<TenantId> {
+    let key = |h: &Holder| (std::cmp::Reverse(h.clock), h.tenant);
+    if holders.len() <= max {
+        let mut v: Vec<Holder> = holders.to_vec();
+        v.sort_unstable_by_key(key);
+        return v.into_iter().map(|h| h.tenant).collect();
+    }
+    let mut v: Vec<Holder> = holders.to_vec();
+    v.select_nth_unstable_by_key(max - 1, key);
+    v.truncate(max);
+    v.sort_unstable_by_key(key);
+    v.into_iter().map(|h| h.tenant).collect()
+}
+
+/// First char of non-empty UTF-8 `bytes` that start at a char boundary.
+#[inline]
+fn first_char(bytes: &[u8]) -> char {
+    let b0 = bytes[0];
+    if b0 < 0x80 {
+        return b0 as char;
+    }
+    let len = if b0 >= 0xF0 {
+        4
+    } else if b0 >= 0xE0 {
+        3
+    } else {
+        2
+    };
+    std::str::from_utf8(&bytes[..len])
+        .ok()
+        .and_then(|s| s.chars().next())
+        .expect("valid UTF-8 at a char boundary")
+}
+
+/// Chars in UTF-8 `bytes`: the bytes that are not continuation bytes.
+#[inline]
+fn count_chars(bytes: &[u8]) -> usize {
+    bytes.iter().filter(|&&b| (b as i8) >= -0x40).count()
+}
+
+/// Backs `n` off to a char boundary of both UTF-8 strings.
+#[inline]
+fn back_to_char_boundary(a: &[u8], b: &[u8], mut n: usize) -> usize {
+    while n > 0 && ((n < a.len() && (a[n] as i8) < -0x40) || (n < b.len() && (b[n] as i8) < -0x40))
+    {
+        n -= 1;
+    }
+    n
+}
+
+/// Length in bytes of the longest common prefix of `a` and `b`, compared 32 then 8 bytes at a
+/// time.
+#[inline]
+fn common_prefix_bytes(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 32 <= n && a[i..i + 32] == b[i..i + 32] {
+        i += 32;
+    }
+    while i + 8 <= n {
+        let x = u64::from_le_bytes(a[i..i + 8].try_into().expect("8 bytes"));
+        let y = u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let d = x ^ y;
+        if d != 0 {
+            return i + (d.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}
