@@ -36,6 +36,9 @@ pub enum TokenizeError {
     /// wrong shape).
     #[error("chat template: {0}")]
     Template(#[from] minijinja::Error),
+    /// A chat body is not a JSON object with a `messages` array (the parser's message).
+    #[error("chat body: {0}")]
+    ChatBody(String),
     /// Encoding text failed inside the tokenizer.
     #[error("encode: {0}")]
     Encode(String),

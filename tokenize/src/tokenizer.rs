@@ -19,6 +19,66 @@ static QWEN3_CONFIG: &str = include_str!("../assets/qwen3/tokenizer_config.json"
 pub struct Tokenizer {
     inner: Arc<tokenizers::Tokenizer>,
     chat: Option<ChatTemplate>,
+    cuts: Arc<CutTokens>,
+}
+
+/// Where a prompt may be cut so that tokenizing the pieces gives the ids of the whole.
+///
+/// The HF pipeline splits the text on added tokens (leftmost-longest, before normalization for
+/// tokens with `normalized: false`) and then normalizes, pre-tokenizes and BPE-merges each
+/// piece on its own. So a cut at the start of an added-token occurrence is exact as long as no
+/// added token occurs across the cut. Only tokens with `normalized`, `lstrip`, `rstrip` and
+/// `single_word` all false qualify, and when the chat template is known only those it spells
+/// (e.g. `<|im_start|>`), i.e. message boundaries.
+#[derive(Debug, Default)]
+struct CutTokens {
+    /// Contents of the added tokens a cut may start at.
+    at: Vec<String>,
+    /// Contents of every added token (for the straddle check).
+    all: Vec<String>,
+    /// Distinct first bytes of `at` (what the scan looks for).
+    first_bytes: Vec<u8>,
+}
+
+impl CutTokens {
+    fn new(inner: &tokenizers::Tokenizer, template: Option<&str>) -> Self {
+        let mut all = Vec::new();
+        let mut at = Vec::new();
+        for t in inner.get_added_tokens_decoder().values() {
+            if t.content.is_empty() {
+                continue;
+            }
+            all.push(t.content.clone());
+            let plain = !t.normalized && !t.lstrip && !t.rstrip && !t.single_word;
+            let in_template = template.is_none_or(|src| src.contains(&t.content));
+            if plain && in_template && (t.special || template.is_some()) {
+                at.push(t.content.clone());
+            }
+        }
+        at.sort();
+        all.sort();
+        let mut first_bytes: Vec<u8> = at.iter().map(|t| t.as_bytes()[0]).collect();
+        first_bytes.sort_unstable();
+        first_bytes.dedup();
+        Self {
+            at,
+            all,
+            first_bytes,
+        }
+    }
+
+    /// True when no added token occurs in `text` across byte `p` (starting before it and
+    /// ending after it).
+    fn no_straddle(&self, text: &str, p: usize) -> bool {
+        let bytes = text.as_bytes();
+        self.all.iter().all(|t| {
+            let t = t.as_bytes();
+            (1..t.len().min(p + 1)).all(|back| {
+                let start = p - back;
+                !(bytes.len() >= start + t.len() && &bytes[start..start + t.len()] == t)
+            })
+        })
+    }
 }
 
 impl Tokenizer {
@@ -104,10 +164,58 @@ impl Tokenizer {
                 }
             }
         };
+        let template_src = config.and_then(|text| {
+            serde_json::from_str::<serde_json::Value>(text)
+                .ok()
+                .and_then(|c| c["chat_template"].as_str().map(str::to_string))
+        });
+        let cuts = CutTokens::new(&inner, template_src.as_deref());
         Ok(Self {
             inner: Arc::new(inner),
             chat,
+            cuts: Arc::new(cuts),
         })
+    }
+
+    /// A copy for one shard: the HF model is deep-copied, so each shard has its own BPE word
+    /// cache and no lock or cache line is shared between cores. Costs one copy of the
+    /// vocabulary (~tens of MB for a 150k vocabulary); call once per shard at start-up.
+    pub fn for_shard(&self) -> Tokenizer {
+        Tokenizer {
+            inner: Arc::new((*self.inner).clone()),
+            chat: self.chat.clone(),
+            cuts: self.cuts.clone(),
+        }
+    }
+
+    /// Byte offsets in `text` (ascending, each in `1..text.len()`) where the prompt may be cut
+    /// so that `encode(&text[..p]) ++ encode(&text[p..]) == encode(text)`: starts of the chat
+    /// template's special tokens (e.g. `<|im_start|>`) with no added token across them.
+    pub fn cut_points(&self, text: &str) -> Vec<usize> {
+        let bytes = text.as_bytes();
+        let mut out = Vec::new();
+        let mut check = |p: usize, out: &mut Vec<usize>| {
+            if p > 0
+                && self
+                    .cuts
+                    .at
+                    .iter()
+                    .any(|t| bytes[p..].starts_with(t.as_bytes()))
+                && self.cuts.no_straddle(text, p)
+            {
+                out.push(p);
+            }
+        };
+        match self.cuts.first_bytes.as_slice() {
+            [] => {}
+            [b] => memchr::memchr_iter(*b, bytes).for_each(|p| check(p, &mut out)),
+            [a, b] => memchr::memchr2_iter(*a, *b, bytes).for_each(|p| check(p, &mut out)),
+            [a, b, c] => memchr::memchr3_iter(*a, *b, *c, bytes).for_each(|p| check(p, &mut out)),
+            many => (0..bytes.len())
+                .filter(|&p| many.contains(&bytes[p]))
+                .for_each(|p| check(p, &mut out)),
+        }
+        out
     }
 
     /// Token ids of `text`, without added special tokens (HF `add_special_tokens=False`);
@@ -150,6 +258,20 @@ impl Tokenizer {
     /// The chat template, if `tokenizer_config.json` had one.
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.chat.as_ref()
+    }
+
+    /// Renders a Chat Completions body (JSON bytes: `messages`, `tools`,
+    /// `chat_template_kwargs`, `add_generation_prompt`) with the chat template, keys in request
+    /// order (see [`ChatTemplate::render_body`]).
+    ///
+    /// # Errors
+    /// [`TokenizeError::NoChatTemplate`] without a template; [`TokenizeError::ChatBody`] when
+    /// the body has no `messages` array; [`TokenizeError::Template`] when rendering fails.
+    pub fn render_chat_body(&self, body: &[u8]) -> Result<String, TokenizeError> {
+        self.chat
+            .as_ref()
+            .ok_or(TokenizeError::NoChatTemplate)?
+            .render_body(body)
     }
 
     /// Renders `messages` with the chat template (no tools).
