@@ -194,7 +194,7 @@ impl Tokenizer {
     pub fn cut_points(&self, text: &str) -> Vec<usize> {
         let bytes = text.as_bytes();
         let mut out = Vec::new();
-        let mut check = |p: usize, out: &mut Vec<usize>| {
+        let check = |p: usize, out: &mut Vec<usize>| {
             if p > 0
                 && self
                     .cuts
