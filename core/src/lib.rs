@@ -12,6 +12,7 @@
 
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod load;
 pub mod metrics;
 pub mod policy;

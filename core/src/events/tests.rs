@@ -1,0 +1,503 @@
+//! Tests of the ordering state machine, the event index and the consumer that ties them:
+//! bug cases B22, B24, B25, B28–B34 (`bug-cases.md` "Events and recovery").
+
+use super::*;
+use rmpv::Value as V;
+
+const RANK0: StreamId = StreamId { worker: 0, rank: 0 };
+
+fn s(x: &str) -> V {
+    V::from(x)
+}
+
+/// A map-form `BlockStored` event.
+fn store(hashes: &[u64], parent: Option<u64>, tokens: &[u32], block_size: u64) -> V {
+    V::Map(vec![
+        (s("type"), s("BlockStored")),
+        (
+            s("block_hashes"),
+            V::Array(hashes.iter().map(|&h| V::from(h)).collect()),
+        ),
+        (s("parent_block_hash"), parent.map_or(V::Nil, V::from)),
+        (
+            s("token_ids"),
+            V::Array(tokens.iter().map(|&t| V::from(t)).collect()),
+        ),
+        (s("block_size"), V::from(block_size)),
+        (s("lora_id"), V::Nil),
+        (s("medium"), V::Nil),
+        (s("lora_name"), V::Nil),
+    ])
+}
+
+fn store_medium(hashes: &[u64], tokens: &[u32], block_size: u64, medium: &str) -> V {
+    let V::Map(mut m) = store(hashes, None, tokens, block_size) else {
+        unreachable!()
+    };
+    m[6].1 = s(medium);
+    V::Map(m)
+}
+
+fn remove(hashes: &[u64], medium: Option<&str>) -> V {
+    V::Array(vec![
+        s("BlockRemoved"),
+        V::Array(hashes.iter().map(|&h| V::from(h)).collect()),
+        medium.map_or(V::Nil, s),
+    ])
+}
+
+fn cleared() -> V {
+    V::Array(vec![s("AllBlocksCleared")])
+}
+
+/// Array batch `[1.0, events, rank]`, msgpack bytes.
+fn batch(events: Vec<V>, rank: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    rmpv::encode::write_value(
+        &mut out,
+        &V::Array(vec![V::F64(1.0), V::Array(events), V::from(rank)]),
+    )
+    .unwrap();
+    out
+}
+
+fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
+    range.collect()
+}
+
+#[test]
+fn block_key_vectors_of_kv_events_section_7() {
+    let k = chain_keys(None, &toks(1..33), 16);
+    assert_eq!(k[0], 16_863_443_419_780_771_464);
+    assert_eq!(k[1], 12_466_389_667_045_779_788);
+    assert_eq!(
+        chain_keys(None, &toks(0..16), 16),
+        vec![15_310_707_395_893_867_146]
+    );
+    // Continuing a chain equals hashing the whole prefix; partial tails get no key.
+    assert_eq!(chain_keys(Some(k[0]), &toks(17..33), 16), vec![k[1]]);
+    assert_eq!(chain_keys(None, &toks(1..32), 16).len(), 1);
+    assert!(chain_keys(None, &toks(1..33), 0).is_empty());
+}
+
+/// B30: a 4-block store with one parent field chains blocks 1–3 to their predecessors; a
+/// query for the 4-block prefix matches 4.
+#[test]
+fn b30_multi_block_store_chains_each_block() {
+    let mut ix = EventIndex::new(16);
+    let t = toks(0..64);
+    ix.apply_batch(
+        RANK0,
+        &decode::decode_batch(&batch(vec![store(&[1, 2, 3, 4], None, &t, 16)], 0)).unwrap(),
+    );
+    let keys = chain_keys(None, &t, 16);
+    let m = ix.find_matches(&keys);
+    assert_eq!(m.len(), 1);
+    assert_eq!((m[0].stream, m[0].blocks), (RANK0, 4));
+    // Prefix of 2 + a foreign block: 2.
+    let mut q = keys[..2].to_vec();
+    q.push(99);
+    assert_eq!(ix.find_matches(&q)[0].blocks, 2);
+    ix.check_invariants().unwrap();
+}
+
+/// Store split over two events via the parent link; removal of the middle block truncates
+/// matches (a hole), the unknown parent is an orphan (B26: parent 0 that is not known).
+#[test]
+fn parent_links_holes_and_orphans() {
+    let mut ix = EventIndex::new(16);
+    let t = toks(0..48);
+    let keys = chain_keys(None, &t, 16);
+    let b = batch(
+        vec![
+            store(&[10], None, &t[..16], 16),
+            store(&[11, 12], Some(10), &t[16..], 16),
+            store(&[77], Some(0), &toks(500..516), 16),
+        ],
+        0,
+    );
+    ix.apply_batch(RANK0, &decode::decode_batch(&b).unwrap());
+    assert_eq!(ix.find_matches(&keys)[0].blocks, 3);
+    assert_eq!(ix.stats_mut(RANK0).orphans, 1);
+    ix.removed(
+        RANK0,
+        &BlockRemoved {
+            block_hashes: vec![11],
+            medium: None,
+        },
+    );
+    assert_eq!(ix.find_matches(&keys)[0].blocks, 1);
+    let mut e = ix.engine_hashes(RANK0, Tier::Device);
+    e.sort();
+    assert_eq!(e, vec![10, 12]);
+    ix.check_invariants().unwrap();
+}
+
+/// B31/B32: 64-token and 32-token engine blocks re-cut into 16-token router keys; a size that
+/// does not divide is counted and not indexed (never silent); a wrong declared size is
+/// counted but the learned size wins.
+#[test]
+fn b31_b32_block_size_recut_and_mismatch() {
+    let t = toks(0..128);
+    let keys = chain_keys(None, &t, 16);
+    for ebs in [32u64, 64] {
+        let mut ix = EventIndex::new(16);
+        let n = 128 / ebs;
+        let hashes: Vec<u64> = (1..=n).collect();
+        ix.apply_batch(
+            RANK0,
+            &decode::decode_batch(&batch(vec![store(&hashes, None, &t, ebs)], 0)).unwrap(),
+        );
+        assert_eq!(ix.find_matches(&keys)[0].blocks, 8, "engine block {ebs}");
+        assert_eq!(ix.stats_mut(RANK0).learned_block_size, Some(ebs as usize));
+    }
+    let mut ix = EventIndex::new(16);
+    ix.apply_batch(
+        RANK0,
+        &decode::decode_batch(&batch(vec![store(&[1, 2], None, &t[..48], 24)], 0)).unwrap(),
+    );
+    assert!(ix.is_empty());
+    assert_eq!(ix.stats_mut(RANK0).size_mismatches, 1);
+    // Declared 64, real 16 per block: indexed at 16, the declaration counted.
+    let mut ix = EventIndex::new(16);
+    ix.apply_batch(
+        RANK0,
+        &decode::decode_batch(&batch(vec![store(&[1, 2], None, &t[..32], 64)], 0)).unwrap(),
+    );
+    assert_eq!(ix.find_matches(&keys)[0].blocks, 2);
+    assert_eq!(ix.stats_mut(RANK0).declared_size_mismatches, 1);
+    // §8.10: 33 tokens for 2 hashes → skipped, counted.
+    ix.apply_batch(
+        RANK0,
+        &decode::decode_batch(&batch(vec![store(&[5, 6], None, &t[..33], 16)], 0)).unwrap(),
+    );
+    assert_eq!(ix.stats_mut(RANK0).length_mismatches, 1);
+    ix.check_invariants().unwrap();
+}
+
+/// B25 and B29: a tokenless CPU store adds the host tier to a known block and is counted when
+/// unknown; a STORAGE store with 256-token blocks gives 16 keys on the disk tier whose removal
+/// clears only that tier.
+#[test]
+fn b25_b29_offload_tiers() {
+    let mut ix = EventIndex::new(16);
+    let t = toks(0..256);
+    let keys = chain_keys(None, &t, 16);
+    ix.apply_batch(
+        RANK0,
+        &decode::decode_batch(&batch(
+            vec![
+                store(&[1], None, &t[..16], 16),
+                store_medium(&[1, 9], &[], 0, "CPU"),
+            ],
+            0,
+        ))
+        .unwrap(),
+    );
+    assert_eq!(ix.stats_mut(RANK0).unknown_offloads, 1);
+    assert_eq!(ix.engine_hashes(RANK0, Tier::Host), vec![1]);
+    // GPU copy evicted: the host copy keeps the key, at host weight.
+    ix.removed(
+        RANK0,
+        &BlockRemoved {
+            block_hashes: vec![1],
+            medium: Some("GPU".into()),
+        },
+    );
+    let m = ix.find_matches(&keys);
+    assert_eq!((m[0].blocks, m[0].weighted_blocks), (1, 0.75));
+
+    let other = StreamId { worker: 1, rank: 0 };
+    ix.apply_batch(
+        other,
+        &decode::decode_batch(&batch(vec![store_medium(&[500], &t, 256, "STORAGE")], 0)).unwrap(),
+    );
+    let m: Vec<_> = ix
+        .find_matches(&keys)
+        .into_iter()
+        .filter(|m| m.stream == other)
+        .collect();
+    assert_eq!((m[0].blocks, m[0].weighted_blocks), (16, 4.0));
+    // A GPU removal does not touch the disk tier; the STORAGE one does.
+    ix.removed(
+        other,
+        &BlockRemoved {
+            block_hashes: vec![500],
+            medium: None,
+        },
+    );
+    assert_eq!(ix.stream_keys(other), 16);
+    ix.removed(
+        other,
+        &BlockRemoved {
+            block_hashes: vec![500],
+            medium: Some("STORAGE".into()),
+        },
+    );
+    assert_eq!(ix.stream_keys(other), 0);
+    ix.check_invariants().unwrap();
+}
+
+/// B24 and B28: AllBlocksCleared empties that (worker, rank) only; ranks are separate.
+#[test]
+fn b24_b28_clear_one_rank_only() {
+    let mut ix = EventIndex::new(16);
+    let r1 = StreamId { worker: 0, rank: 1 };
+    let a = toks(0..16);
+    let b = toks(100..116);
+    ix.stored(RANK0, &decoded_store(&[1], &a));
+    ix.stored(r1, &decoded_store(&[2], &b));
+    assert_eq!(ix.find_matches(&chain_keys(None, &b, 16))[0].stream, r1);
+    ix.apply_batch(
+        r1,
+        &decode::decode_batch(&batch(vec![cleared()], 1)).unwrap(),
+    );
+    assert!(ix.find_matches(&chain_keys(None, &b, 16)).is_empty());
+    assert_eq!(ix.find_matches(&chain_keys(None, &a, 16))[0].stream, RANK0);
+    ix.remove_worker(0);
+    assert!(ix.is_empty());
+    ix.check_invariants().unwrap();
+}
+
+/// A duplicate store (same hash again) does not inflate counts (§8.3); self-referencing
+/// stores are rejected (§8.11).
+#[test]
+fn duplicate_and_self_referencing_stores() {
+    let mut ix = EventIndex::new(16);
+    let a = toks(0..16);
+    ix.stored(RANK0, &decoded_store(&[1], &a));
+    ix.stored(RANK0, &decoded_store(&[1], &a));
+    assert_eq!(ix.stream_keys(RANK0), 1);
+    assert_eq!(ix.worker_blocks(0), 1);
+    let mut bad = decoded_store(&[3], &toks(16..32));
+    bad.parent_block_hash = Some(3);
+    ix.stored(RANK0, &bad);
+    assert_eq!(ix.stats_mut(RANK0).self_references, 1);
+    ix.check_invariants().unwrap();
+}
+
+fn decoded_store(hashes: &[u64], tokens: &[u32]) -> BlockStored {
+    BlockStored {
+        block_hashes: hashes.to_vec(),
+        parent_block_hash: None,
+        token_ids: tokens.to_vec(),
+        block_size: 16,
+        medium: None,
+        lora_name: None,
+    }
+}
+
+// ---- SeqTracker -------------------------------------------------------------------------
+
+fn applied(steps: &[Step]) -> Vec<u64> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Apply { seq, .. } => Some(*seq),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn in_order_duplicate_and_restart() {
+    let mut t = SeqTracker::new(true);
+    for seq in 0..3 {
+        assert_eq!(applied(&t.on_live(seq, &[seq as u8])), vec![seq]);
+    }
+    // The same seq and bytes again: duplicate.
+    assert_eq!(t.on_live(1, &[1]), vec![Step::Duplicate { seq: 1 }]);
+    // Seq back to 0 with other bytes: the engine restarted.
+    let steps = t.on_live(0, &[42]);
+    assert_eq!(steps[0], Step::Clear(ClearReason::Restart));
+    assert_eq!(applied(&steps), vec![0]);
+    assert_eq!(t.last_seq(), Some(0));
+    t.check_invariants().unwrap();
+}
+
+/// B22: drop batch k → gap noticed at k+1, replay from k, live batches buffered and drained
+/// in order, duplicates skipped; B34: the next live batch applies without another recovery.
+#[test]
+fn b22_gap_replays_then_drains_buffer() {
+    let mut t = SeqTracker::new(true);
+    t.on_live(0, &[0]);
+    t.on_live(1, &[1]);
+    // 2 lost.
+    assert_eq!(t.on_live(3, &[3]), vec![Step::Replay { start_seq: 2 }]);
+    assert!(t.on_live(4, &[4]).is_empty());
+    assert_eq!(applied(&t.on_replay(2, &[2])), vec![2]);
+    assert_eq!(applied(&t.on_replay(3, &[3])), vec![3]);
+    let end = t.on_replay_end();
+    assert_eq!(
+        end,
+        vec![
+            Step::Duplicate { seq: 3 },
+            Step::Apply {
+                seq: 4,
+                payload: vec![4]
+            }
+        ]
+    );
+    assert_eq!(applied(&t.on_live(5, &[5])), vec![5]);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn unrecoverable_gaps_clear_once() {
+    // Replay starts past the gap (buffer too short).
+    let mut t = SeqTracker::new(true);
+    t.on_live(0, &[0]);
+    t.on_live(5, &[5]);
+    let steps = t.on_replay(3, &[3]);
+    assert_eq!(steps[0], Step::Clear(ClearReason::GapUnrecoverable));
+    assert_eq!(applied(&steps), vec![3]);
+    assert_eq!(applied(&t.on_replay(4, &[4])), vec![4]);
+    assert_eq!(applied(&t.on_replay_end()), vec![5]);
+    // Only an end marker (or timeout): one clear, then the buffered batch.
+    let mut t = SeqTracker::new(true);
+    t.on_live(0, &[0]);
+    t.on_live(5, &[5]);
+    t.on_live(6, &[6]);
+    let steps = t.on_replay_end();
+    assert_eq!(
+        steps.iter().filter(|s| matches!(s, Step::Clear(_))).count(),
+        1
+    );
+    assert_eq!(applied(&steps), vec![5, 6]);
+    // No replay socket: clear at once and go on.
+    let mut t = SeqTracker::new(false);
+    t.on_live(0, &[0]);
+    let steps = t.on_live(2, &[2]);
+    assert_eq!(steps[0], Step::Clear(ClearReason::GapUnrecoverable));
+    assert_eq!(applied(&steps), vec![2]);
+}
+
+/// B33: a router that joins mid-stream replays from 0 to learn older stores.
+#[test]
+fn b33_late_join_replays_from_zero() {
+    let mut t = SeqTracker::new(true);
+    assert_eq!(t.on_live(7, &[7]), vec![Step::Replay { start_seq: 0 }]);
+    // The engine's buffer starts at 4: nothing to clear (nothing was indexed).
+    let steps: Vec<Step> = (4..8).flat_map(|s| t.on_replay(s, &[s as u8])).collect();
+    assert_eq!(applied(&steps), vec![4, 5, 6, 7]);
+    assert!(!steps.iter().any(|s| matches!(s, Step::Clear(_))));
+    assert_eq!(t.on_replay_end(), vec![Step::Duplicate { seq: 7 }]);
+}
+
+// ---- Consumer ---------------------------------------------------------------------------
+
+/// The named case: a live removal that arrives while a replay is running is applied
+/// after the replayed store, so the removed block is never resurrected.
+#[test]
+fn live_removal_during_replay_never_resurrects_a_removed_block() {
+    let mut c = Consumer::new();
+    let mut ix = EventIndex::new(16);
+    let a = toks(0..16);
+    let b = toks(16..32);
+    let keys_b = chain_keys(None, &b, 16);
+    let b0 = batch(vec![store(&[1], None, &a, 16)], 0);
+    let b1 = batch(vec![store(&[2], None, &b, 16)], 0); // lost live, replayed later
+    let b2 = batch(vec![remove(&[2], None)], 0);
+    let live = |c: &mut Consumer, ix: &mut EventIndex, seq, p: &[u8]| {
+        c.handle(ix, RANK0, Input::Live { seq, payload: p })
+    };
+    assert_eq!(live(&mut c, &mut ix, 0, &b0), None);
+    // Seq 1 dropped on the wire; seq 2 (removal of block 2) arrives → replay from 1.
+    assert_eq!(live(&mut c, &mut ix, 2, &b2), Some(1));
+    assert!(c.replaying(RANK0));
+    // The replay delivers the store of block 2 and then the removal again.
+    c.handle(
+        &mut ix,
+        RANK0,
+        Input::Replay {
+            seq: 1,
+            payload: &b1,
+        },
+    );
+    assert_eq!(ix.find_matches(&keys_b).len(), 1);
+    c.handle(
+        &mut ix,
+        RANK0,
+        Input::Replay {
+            seq: 2,
+            payload: &b2,
+        },
+    );
+    c.handle(&mut ix, RANK0, Input::ReplayEnd);
+    assert!(ix.find_matches(&keys_b).is_empty(), "block 2 resurrected");
+    assert_eq!(ix.engine_hashes(RANK0, Tier::Device), vec![1]);
+    // Even if the replay stops before the removal, the buffered removal is drained after.
+    let mut c = Consumer::new();
+    let mut ix = EventIndex::new(16);
+    live(&mut c, &mut ix, 0, &b0);
+    live(&mut c, &mut ix, 2, &b2);
+    c.handle(
+        &mut ix,
+        RANK0,
+        Input::Replay {
+            seq: 1,
+            payload: &b1,
+        },
+    );
+    c.handle(&mut ix, RANK0, Input::ReplayEnd);
+    assert!(ix.find_matches(&keys_b).is_empty(), "block 2 resurrected");
+    let st = ix.stats_mut(RANK0).clone();
+    assert_eq!((st.gaps, st.replays, st.unrecoverable_gaps), (1, 1, 0));
+    assert_eq!(st.last_seq, Some(2));
+    ix.check_invariants().unwrap();
+}
+
+/// A malformed batch is dropped and counted; the stream goes on.
+#[test]
+fn malformed_batch_is_counted_and_the_stream_continues() {
+    let mut c = Consumer::new();
+    let mut ix = EventIndex::new(16);
+    let a = toks(0..16);
+    c.handle(
+        &mut ix,
+        RANK0,
+        Input::Live {
+            seq: 0,
+            payload: &[0xc1],
+        },
+    );
+    c.handle(
+        &mut ix,
+        RANK0,
+        Input::Live {
+            seq: 1,
+            payload: &batch(vec![store(&[1], None, &a, 16)], 0),
+        },
+    );
+    let st = ix.stats_mut(RANK0).clone();
+    assert_eq!((st.decode_errors, st.batches, st.last_seq), (1, 2, Some(1)));
+    assert_eq!(ix.find_matches(&chain_keys(None, &a, 16))[0].blocks, 1);
+}
+
+/// Restart (seq back to 0, new content) clears the worker; B22's second half.
+#[test]
+fn engine_restart_clears_the_stream() {
+    let mut c = Consumer::new();
+    let mut ix = EventIndex::new(16);
+    let a = toks(0..16);
+    let b = toks(100..116);
+    c.handle(
+        &mut ix,
+        RANK0,
+        Input::Live {
+            seq: 0,
+            payload: &batch(vec![store(&[1], None, &a, 16)], 0),
+        },
+    );
+    c.handle(
+        &mut ix,
+        RANK0,
+        Input::Live {
+            seq: 0,
+            payload: &batch(vec![store(&[2], None, &b, 16)], 0),
+        },
+    );
+    assert!(ix.find_matches(&chain_keys(None, &a, 16)).is_empty());
+    assert_eq!(ix.find_matches(&chain_keys(None, &b, 16)).len(), 1);
+    assert_eq!(ix.stats_mut(RANK0).restarts, 1);
+}
