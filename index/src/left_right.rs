@@ -98,6 +98,11 @@ impl<T, Op> LeftRight<T, Op> {
         self.flush();
     }
 
+    /// Ops queued and not yet applied.
+    pub fn pending(&self) -> usize {
+        self.rx.len()
+    }
+
     /// Applies queued ops if no other thread is doing so; returns whether it did.
     pub fn flush(&self) -> bool {
         let mut did = false;

@@ -76,7 +76,7 @@ struct Holder {
     clock: u64,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Node {
     /// Edge label from the parent, whole units; empty only for the root and namespace nodes.
     edge: Box<[u8]>,
@@ -112,7 +112,7 @@ impl Node {
 
 /// The tree. See [`crate::StringTree`] for the public contract and invariants; sizes here are
 /// in units.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Radix {
     unit: Unit,
     nodes: Vec<Option<Node>>,

@@ -55,7 +55,7 @@ pub struct PrefixMatch {
 /// 6. Every node is reachable from the root exactly once and `node_count` counts them.
 /// 7. Each (node, tenant) records how many children list the tenant, and the LRU set holds
 ///    exactly the (clock, tenant, node) triples whose count is 0 (the eviction candidates).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct StringTree {
     radix: Radix,
 }

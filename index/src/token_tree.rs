@@ -25,7 +25,7 @@ pub struct TokenMatch {
 /// the budget `max_tokens` bounds [`total_tokens`](Self::total_tokens) after every insert
 /// (overshoot during an insert ≤ that request). Costs and invariants are those of
 /// [`crate::StringTree`], with pages for chars.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct TokenTree {
     radix: Radix,
     block_size: usize,

@@ -3,6 +3,7 @@
 //! comes from ("seed doc" = the project's founding brief; SMG = anchors.md §2.3).
 
 use super::PolicyKind;
+use crate::policy::CacheIndexKind;
 
 /// Gateway listen address, `HOST:PORT`. Source: seed doc.
 pub const LISTEN: &str = "127.0.0.1:8000";
@@ -33,6 +34,15 @@ pub const BALANCE_ABS_THRESHOLD: usize = 64;
 /// Per-model string tree budget, chars, counted once per tenant holding a node. Source: SMG
 /// `--max-tree-size` 67,108,864.
 pub const MAX_TREE_SIZE_CHARS: usize = 67_108_864;
+/// Per-model token tree budget, tokens, counted once per tenant holding a page. Source: SMG
+/// `--max-tree-size` 67,108,864 ("chars or tokens").
+pub const MAX_TREE_SIZE_TOKENS: usize = 67_108_864;
+/// Token tree page and router block size, tokens. Source: SMG `--block-size` 16.
+pub const BLOCK_SIZE: usize = 16;
+/// Approximate index of cache_aware. Source: SMG `--cache-index` `tree`.
+pub const CACHE_INDEX: CacheIndexKind = CacheIndexKind::Tree;
+/// Hash index holder lifetime, seconds. Source: SMG `--cache-ttl-secs` 180.
+pub const CACHE_TTL_SECS: u64 = 180;
 /// Listen address of the simulated engine in `bench`, `HOST:PORT` (the demo's workers take the
 /// following ports: 8101, 8102, ...). Source: seed doc.
 pub const ENGINE_LISTEN: &str = "127.0.0.1:8100";

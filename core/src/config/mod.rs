@@ -80,6 +80,20 @@ pub struct Config {
     pub balance_abs_threshold: usize,
     /// Per-model string tree budget, chars ([`defaults::MAX_TREE_SIZE_CHARS`]).
     pub max_tree_size_chars: usize,
+    /// Per-model token tree budget, tokens ([`defaults::MAX_TREE_SIZE_TOKENS`]).
+    pub max_tree_size_tokens: usize,
+    /// Token tree page / block size, tokens ([`defaults::BLOCK_SIZE`]).
+    pub block_size: usize,
+    /// cache_aware index: `tree` or `hash` ([`defaults::CACHE_INDEX`]).
+    pub cache_index: crate::policy::CacheIndexKind,
+    /// Hash index head lengths, tokens, strictly ascending; required in hash mode (empty).
+    pub cache_boundaries: Vec<usize>,
+    /// Hash index holder lifetime, s ([`defaults::CACHE_TTL_SECS`]).
+    pub cache_ttl_secs: u64,
+    /// Event index: prune entries untouched this long, s (unset = never).
+    pub kv_indexer_ttl_secs: Option<u64>,
+    /// Event index: most (worker, block) entries per model, pruned to 90 % (unset = no cap).
+    pub kv_indexer_max_entries: Option<usize>,
     /// Largest request body, bytes ([`defaults::MAX_BODY_BYTES`]).
     pub max_body_bytes: usize,
     /// Time allowed per exchange with a worker, s ([`defaults::REQUEST_TIMEOUT_SECS`]).
@@ -101,6 +115,13 @@ impl Default for Config {
             balance_rel_threshold: defaults::BALANCE_REL_THRESHOLD,
             balance_abs_threshold: defaults::BALANCE_ABS_THRESHOLD,
             max_tree_size_chars: defaults::MAX_TREE_SIZE_CHARS,
+            max_tree_size_tokens: defaults::MAX_TREE_SIZE_TOKENS,
+            block_size: defaults::BLOCK_SIZE,
+            cache_index: defaults::CACHE_INDEX,
+            cache_boundaries: Vec::new(),
+            cache_ttl_secs: defaults::CACHE_TTL_SECS,
+            kv_indexer_ttl_secs: None,
+            kv_indexer_max_entries: None,
             max_body_bytes: defaults::MAX_BODY_BYTES,
             request_timeout_secs: defaults::REQUEST_TIMEOUT_SECS,
             upstream_idle_timeout_ms: defaults::UPSTREAM_IDLE_TIMEOUT_MS,
@@ -127,7 +148,9 @@ impl Config {
     /// - [`CoreError::DuplicateWorker`]: two workers have the same normalised URL.
     /// - [`CoreError::ConfigValue`]: `shards` is 0; `cache_threshold` outside [0, 1];
     ///   `balance_rel_threshold` < 1 or not finite; `max_tree_size_chars`, `max_body_bytes` or a
-    ///   timeout is 0.
+    ///   timeout is 0; `max_tree_size_tokens`, `block_size` or `cache_ttl_secs` is 0;
+    ///   `cache_index = hash` with `cache_boundaries` empty, containing 0 or not strictly
+    ///   ascending (field `cache_boundaries`).
     pub fn validate(self) -> Result<Config, CoreError> {
         if self.workers.is_empty() {
             return Err(CoreError::NoWorkers);
@@ -161,6 +184,9 @@ impl Config {
         }
         for (field, value) in [
             ("max_tree_size_chars", self.max_tree_size_chars as u64),
+            ("max_tree_size_tokens", self.max_tree_size_tokens as u64),
+            ("block_size", self.block_size as u64),
+            ("cache_ttl_secs", self.cache_ttl_secs),
             ("max_body_bytes", self.max_body_bytes as u64),
             ("request_timeout_secs", self.request_timeout_secs),
             ("upstream_idle_timeout_ms", self.upstream_idle_timeout_ms),
@@ -169,6 +195,16 @@ impl Config {
             if value == 0 {
                 return bad(field, 0.0, "greater than 0");
             }
+        }
+        let b = &self.cache_boundaries;
+        if self.cache_index == crate::policy::CacheIndexKind::Hash
+            && (b.is_empty() || b[0] == 0 || !b.windows(2).all(|w| w[0] < w[1]))
+        {
+            return bad(
+                "cache_boundaries",
+                b.len() as f64,
+                "non-empty, > 0, strictly ascending in hash mode",
+            );
         }
         Ok(self)
     }
@@ -330,6 +366,7 @@ mod tests {
             request_timeout_secs: 5,
             upstream_idle_timeout_ms: 100,
             connect_timeout_ms: 200,
+            ..Config::default()
         };
         let got = Config::from_toml_str(text).unwrap();
         assert_eq!(got, want);

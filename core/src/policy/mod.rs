@@ -1,16 +1,34 @@
 //! [`Router`]: picks a worker for a request from its [`RouteKey`] and a snapshot of worker
 //! loads. No sockets, no clocks; randomness only breaks ties.
 //!
-//! The cache_aware index is a per-model [`StringTree`] behind one mutex: a decision matches
-//! and inserts in one critical section (a few µs). Issue 3 replaces it with lock-free reads.
+//! cache_aware keeps, per model, a [`StringTree`] (text requests), a [`TokenTree`] (requests
+//! with token ids, whole pages of `block_size`) and in hash mode a [`HashIndex`], each inside a
+//! [`LeftRight`]: a decision matches on the published copy without a lock and without waiting
+//! for a writer, then queues its insert; the write is applied by whichever decision holds the
+//! writer side (never waited for). The event index ([`kvroute_index::EventIndex`]) is fed by
+//! engine events (issue 5) and is not consulted here yet.
 
 use crate::config::{Config, PolicyKind};
 use crate::route_key::RouteKey;
-use kvroute_index::{StringTree, TenantId};
+use kvroute_index::{
+    HashIndex, HashIndexConfig, LeftRight, Namespace, StringTree, TenantId, TokenTree,
+};
 use rand::Rng;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// Which approximate index cache_aware uses (`--cache-index`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheIndexKind {
+    /// String tree for text, token tree for token ids (SMG default).
+    Tree,
+    /// TTL'd exact-match heads at `cache_boundaries` (token requests only; text → miss).
+    Hash,
+}
 
 /// Why a worker was chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -19,7 +37,14 @@ pub enum Reason {
     RoundRobin,
     /// least_request: fewest in flight.
     LeastRequest,
-    /// cache_aware: a prefix holder that is not hot.
+    /// cache_aware on token ids (token tree or hash index): a prefix holder that is not hot.
+    TokenHit {
+        /// Matched prefix, tokens (whole pages, or the matched hash head).
+        matched_tokens: usize,
+        /// matched_tokens / request tokens.
+        ratio: f64,
+    },
+    /// cache_aware on text: a prefix holder that is not hot.
     CacheHit {
         /// Matched prefix, chars.
         matched_chars: usize,
@@ -38,7 +63,7 @@ impl Reason {
         match self {
             Reason::RoundRobin => "round_robin",
             Reason::LeastRequest => "least_request",
-            Reason::CacheHit { .. } => "hit",
+            Reason::CacheHit { .. } | Reason::TokenHit { .. } => "hit",
             Reason::CacheMiss => "miss",
             Reason::Spill => "spill",
         }
@@ -110,24 +135,81 @@ pub fn least_loaded(
     best.map(|(w, _)| w)
 }
 
+/// A queued write to a tree: applied to both copies of a [`LeftRight`], in order.
+#[derive(Debug, Clone)]
+pub enum TreeOp<K> {
+    /// Record `key` (text or token ids) for a worker in a namespace.
+    Insert(Namespace, K, TenantId),
+    /// Forget a worker everywhere.
+    RemoveTenant(TenantId),
+}
+
+/// A queued write to a hash index.
+#[derive(Debug, Clone)]
+pub enum HashOp {
+    /// Record token ids for a worker at a time (ms since the router started).
+    Record(Namespace, Vec<u32>, TenantId, u64),
+    /// Forget a worker everywhere.
+    RemoveTenant(TenantId),
+}
+
+fn apply_string(t: &mut StringTree, op: &TreeOp<Box<str>>) {
+    match op {
+        TreeOp::Insert(ns, text, w) => t.insert(*ns, text, *w),
+        TreeOp::RemoveTenant(w) => t.remove_tenant(*w),
+    }
+}
+
+fn apply_token(t: &mut TokenTree, op: &TreeOp<Box<[u32]>>) {
+    match op {
+        TreeOp::Insert(ns, ids, w) => t.insert(*ns, ids, *w),
+        TreeOp::RemoveTenant(w) => t.remove_tenant(*w),
+    }
+}
+
+fn apply_hash(h: &mut HashIndex, op: &HashOp) {
+    match op {
+        HashOp::Record(ns, ids, w, now) => h.record(*ns, ids, *w, *now),
+        HashOp::RemoveTenant(w) => h.remove_worker(*w),
+    }
+}
+
+/// The cache_aware indexes of one model, each readable without locks.
+pub struct ModelIndexes {
+    /// Text requests (chars).
+    pub strings: LeftRight<StringTree, TreeOp<Box<str>>>,
+    /// Token-id requests (whole pages of `block_size`).
+    pub tokens: LeftRight<TokenTree, TreeOp<Box<[u32]>>>,
+    /// Hash mode only.
+    pub hash: Option<LeftRight<HashIndex, HashOp>>,
+}
+
 /// Picks workers for requests: one per gateway, shared by all shards (`Send + Sync`).
 ///
 /// Holds the policy and its thresholds (from [`Config`]), a round-robin counter, and for
-/// cache_aware one [`StringTree`] per model (keyed by [`RouteKey::model`], created on first
-/// use) behind a single `Mutex`: a decision matches and inserts in one critical section. Issue 3
-/// replaces the mutex with lock-free reads.
+/// cache_aware one [`ModelIndexes`] per model (keyed by [`RouteKey::model`], created on first
+/// use). Lookups take no lock; writes are queued and applied by one writer at a time.
 pub struct Router {
     kind: PolicyKind,
     cache_threshold: f64,
     balance_rel_threshold: f64,
     balance_abs_threshold: usize,
     max_tree_size_chars: usize,
+    max_tree_size_tokens: usize,
+    block_size: usize,
+    cache_index: CacheIndexKind,
+    hash_cfg: HashIndexConfig,
+    started: Instant,
     next: AtomicUsize,
-    trees: Mutex<HashMap<String, StringTree>>,
+    models: LeftRight<HashMap<String, Arc<ModelIndexes>>, (String, Arc<ModelIndexes>)>,
+}
+
+fn add_model(m: &mut HashMap<String, Arc<ModelIndexes>>, op: &(String, Arc<ModelIndexes>)) {
+    m.entry(op.0.clone()).or_insert_with(|| Arc::clone(&op.1));
 }
 
 impl Router {
-    /// A router for `cfg` (policy and thresholds).
+    /// A router for `cfg` (policy, thresholds, index settings).
     pub fn new(cfg: &Config) -> Self {
         Self {
             kind: cfg.policy,
@@ -135,8 +217,16 @@ impl Router {
             balance_rel_threshold: cfg.balance_rel_threshold,
             balance_abs_threshold: cfg.balance_abs_threshold,
             max_tree_size_chars: cfg.max_tree_size_chars,
+            max_tree_size_tokens: cfg.max_tree_size_tokens,
+            block_size: cfg.block_size.max(1),
+            cache_index: cfg.cache_index,
+            hash_cfg: HashIndexConfig {
+                boundaries: cfg.cache_boundaries.clone(),
+                ttl_ms: cfg.cache_ttl_secs.saturating_mul(1000),
+            },
+            started: Instant::now(),
             next: AtomicUsize::new(0),
-            trees: Mutex::new(HashMap::new()),
+            models: LeftRight::new(HashMap::new(), add_model),
         }
     }
 
@@ -145,20 +235,58 @@ impl Router {
         self.kind
     }
 
+    /// The indexes of `model`, created on first use (the only path that may wait: for the
+    /// writer side of the model map, once per model).
+    fn model(&self, model: &str) -> Arc<ModelIndexes> {
+        if let Some(m) = self.models.read().get(model) {
+            return Arc::clone(m);
+        }
+        let hash = match self.cache_index {
+            CacheIndexKind::Hash => HashIndex::new(self.hash_cfg.clone())
+                .ok()
+                .map(|h| LeftRight::new(h, apply_hash)),
+            CacheIndexKind::Tree => None,
+        };
+        let fresh = Arc::new(ModelIndexes {
+            strings: LeftRight::new(
+                StringTree::with_max_chars(self.max_tree_size_chars),
+                apply_string,
+            ),
+            tokens: LeftRight::new(
+                TokenTree::new(self.block_size, self.max_tree_size_tokens),
+                apply_token,
+            ),
+            hash,
+        });
+        self.models.write((model.to_string(), fresh));
+        loop {
+            if let Some(m) = self.models.read().get(model) {
+                return Arc::clone(m);
+            }
+            self.models.flush();
+            std::thread::yield_now();
+        }
+    }
+
     /// Chooses a worker for `key` given `loads` (in-flight requests per worker id, one entry
-    /// per worker; all workers are eligible). Reads no clock; randomness only breaks ties.
+    /// per worker; all workers are eligible). Randomness only breaks ties; only hash mode
+    /// reads a (monotonic) clock, for its TTL.
     ///
     /// - round_robin: workers in turn (one shared counter). Reason `RoundRobin`.
     /// - least_request: fewest in flight, ties uniformly at random, never by list order (bug
     ///   B1). Reason `LeastRequest`.
-    /// - cache_aware (SMG, anchors §2.2 steps 3, 5, 6, 7): ratio = matched chars / request
-    ///   chars in the model's tree. If ratio > `cache_threshold` the candidates are the deepest
-    ///   matched node's tenants (at most 8); the least-loaded non-hot one wins (`CacheHit`).
+    /// - cache_aware (SMG, anchors §2.2 steps 3, 5, 6, 7): requests with token ids use the
+    ///   model's token tree (ratio = whole matched pages × block_size / request tokens; shorter
+    ///   than a page never matches) or, in hash mode, the deepest live hash head; text requests
+    ///   use the string tree (ratio = matched chars / request chars; text in hash mode is a
+    ///   miss). If ratio > `cache_threshold` the candidates are the deepest matched node's
+    ///   tenants (at most 8); the least-loaded non-hot one wins (`CacheHit` / `TokenHit`).
     ///   Hot = load > `rel × mean` and load > `mean + abs` ([`SpillGate`]). All candidates hot →
     ///   the least-loaded worker (`Spill`). Otherwise → the least-loaded worker (`CacheMiss`).
-    ///   Then `key.text` is inserted for the chosen worker (a spill target becomes one more
-    ///   holder) and the tree is evicted down to `max_tree_size_chars` if over. Empty text (a
-    ///   token-ids-only request) is a miss and is not recorded.
+    ///   Then the request is recorded for the chosen worker (a spill target becomes one more
+    ///   holder); each tree keeps itself within its budget at every insert. A request with
+    ///   neither text nor ids is a miss and is not recorded. Namespace: 0 (the route key does
+    ///   not carry cache_salt / LoRA yet).
     ///
     /// # Panics
     /// When `loads` is empty.
@@ -180,29 +308,44 @@ impl Router {
     }
 
     fn decide_cache_aware(&self, key: &RouteKey, loads: &[usize], rng: &mut impl Rng) -> Decision {
+        const NS: Namespace = 0;
         let least = |rng: &mut _| least_loaded(loads, 0..loads.len(), rng).unwrap_or(0);
-        if key.text.is_empty() {
+        let ids = key.input_ids.as_deref().filter(|v| !v.is_empty());
+        if key.text.is_empty() && ids.is_none() {
             return Decision {
                 worker: least(rng),
                 reason: Reason::CacheMiss,
             };
         }
+        let idx = self.model(&key.model);
+        // (matched, request length, candidate tenants, is_tokens)
+        let (matched, len, tenants, tokens) = match (ids, &idx.hash) {
+            (Some(ids), Some(h)) => {
+                let now = self.started.elapsed().as_millis() as u64;
+                match h.read().lookup(NS, ids, now) {
+                    Some((b, ts)) => (b, ids.len(), ts, true),
+                    None => (0, ids.len(), Vec::new(), true),
+                }
+            }
+            (Some(ids), None) => {
+                let m = idx.tokens.read().match_prefix(NS, ids);
+                (m.matched_tokens, ids.len(), m.tenants, true)
+            }
+            (None, Some(_)) => (0, 1, Vec::new(), false),
+            (None, None) => {
+                let m = idx.strings.read().match_prefix(NS, &key.text);
+                (m.matched_chars, key.text.chars().count(), m.tenants, false)
+            }
+        };
         let gate = SpillGate::new(
             loads,
             self.balance_rel_threshold,
             self.balance_abs_threshold,
         );
-        let mut trees = self.trees.lock().unwrap_or_else(|p| p.into_inner());
-        if !trees.contains_key(&key.model) {
-            trees.insert(key.model.clone(), StringTree::new());
-        }
-        let tree = trees.get_mut(&key.model).expect("inserted above");
-        let m = tree.match_prefix(&key.text);
-        let request_chars = key.text.chars().count();
-        let ratio = m.matched_chars as f64 / request_chars as f64;
+        let ratio = matched as f64 / len.max(1) as f64;
         // Holders that are still workers (a tenant id beyond `loads` is a removed worker).
         let holders = || {
-            m.tenants
+            tenants
                 .iter()
                 .map(|&t| t as usize)
                 .filter(|&w| w < loads.len())
@@ -212,9 +355,16 @@ impl Router {
             match least_loaded(loads, cool, rng) {
                 Some(worker) => Decision {
                     worker,
-                    reason: Reason::CacheHit {
-                        matched_chars: m.matched_chars,
-                        ratio,
+                    reason: if tokens {
+                        Reason::TokenHit {
+                            matched_tokens: matched,
+                            ratio,
+                        }
+                    } else {
+                        Reason::CacheHit {
+                            matched_chars: matched,
+                            ratio,
+                        }
                     },
                 },
                 // Every holder is hot: the least-loaded worker, which is never hot unless all
@@ -230,25 +380,75 @@ impl Router {
                 reason: Reason::CacheMiss,
             }
         };
-        tree.insert(&key.text, decision.worker as TenantId);
-        if tree.total_chars() > self.max_tree_size_chars {
-            tree.evict_to(self.max_tree_size_chars);
-        }
+        self.record(&idx, key, decision.worker as TenantId);
         decision
+    }
+
+    fn record(&self, idx: &ModelIndexes, key: &RouteKey, worker: TenantId) {
+        const NS: Namespace = 0;
+        match (
+            key.input_ids.as_deref().filter(|v| !v.is_empty()),
+            &idx.hash,
+        ) {
+            (Some(ids), Some(h)) => {
+                let now = self.started.elapsed().as_millis() as u64;
+                h.write(HashOp::Record(NS, ids.to_vec(), worker, now));
+            }
+            (Some(ids), None) => idx.tokens.write(TreeOp::Insert(NS, ids.into(), worker)),
+            (None, Some(_)) => {}
+            (None, None) => idx
+                .strings
+                .write(TreeOp::Insert(NS, key.text.as_str().into(), worker)),
+        }
     }
 
     /// Forgets worker `id` in every index (a removed or dead worker).
     pub fn remove_worker(&self, id: usize) {
-        let mut trees = self.trees.lock().unwrap_or_else(|p| p.into_inner());
-        for tree in trees.values_mut() {
-            tree.remove_tenant(id as TenantId);
+        let t = id as TenantId;
+        for m in self.models.read().values() {
+            m.strings.write(TreeOp::RemoveTenant(t));
+            m.tokens.write(TreeOp::RemoveTenant(t));
+            if let Some(h) = &m.hash {
+                h.write(HashOp::RemoveTenant(t));
+            }
         }
     }
 
-    /// Total chars held by the tree of `model` (0 when it has none).
+    /// Applies every queued write now (tests and shutdown; decisions do this as they go).
+    pub fn flush(&self) {
+        for m in self.models.read().values() {
+            while !m.strings.flush() && m.strings.pending() > 0 {
+                std::thread::yield_now();
+            }
+            while !m.tokens.flush() && m.tokens.pending() > 0 {
+                std::thread::yield_now();
+            }
+            if let Some(h) = &m.hash {
+                while !h.flush() && h.pending() > 0 {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Total chars held by the string tree of `model` (0 when it has none), after pending
+    /// writes.
     pub fn tree_chars(&self, model: &str) -> usize {
-        let trees = self.trees.lock().unwrap_or_else(|p| p.into_inner());
-        trees.get(model).map_or(0, |t| t.total_chars())
+        self.flush();
+        self.models
+            .read()
+            .get(model)
+            .map_or(0, |m| m.strings.read().total_chars())
+    }
+
+    /// Total tokens held by the token tree of `model` (0 when it has none), after pending
+    /// writes.
+    pub fn tree_tokens(&self, model: &str) -> usize {
+        self.flush();
+        self.models
+            .read()
+            .get(model)
+            .map_or(0, |m| m.tokens.read().total_tokens())
     }
 }
 

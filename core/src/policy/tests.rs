@@ -160,11 +160,12 @@ proptest! {
 
 /// Seeds `holders` as holders of `text` in the tree of model "m", without a decision.
 fn seed(r: &Router, text: &str, holders: &[usize]) {
-    let mut trees = r.trees.lock().unwrap();
-    let tree = trees.entry("m".into()).or_default();
+    let m = r.model("m");
     for &h in holders {
-        tree.insert(text, h as TenantId);
+        m.strings
+            .write(TreeOp::Insert(0, text.into(), h as TenantId));
     }
+    r.flush();
 }
 
 /// SMG's rule written out directly (anchors.md §2.2 step 5): hot ⇔ load > max(rel·mean,
@@ -209,8 +210,8 @@ proptest! {
             prop_assert_eq!(loads[d.worker], cool.iter().map(|&w| loads[w]).min().unwrap());
         }
         // The chosen worker now holds the text.
-        let trees = r.trees.lock().unwrap();
-        let m = trees["m"].match_prefix(&text);
+        r.flush();
+        let m = r.model("m").strings.read().match_prefix(0, &text);
         prop_assert!(m.tenants.contains(&(d.worker as TenantId)));
     }
 }
@@ -334,4 +335,75 @@ fn router_is_shared_across_threads() {
         t.join().unwrap();
     }
     assert!(r.tree_chars("m") > 0);
+}
+
+fn ids_key(ids: Vec<u32>) -> RouteKey {
+    RouteKey {
+        model: "m".into(),
+        input_ids: Some(ids),
+        ..RouteKey::default()
+    }
+}
+
+#[test]
+fn token_requests_use_the_page_tree() {
+    let r = router(PolicyKind::CacheAware);
+    let base: Vec<u32> = (0..100).collect(); // 6 whole pages of 16 + 4 tokens
+    let d = r.decide(&ids_key(base.clone()), &[1, 0, 1]);
+    assert_eq!((d.worker, d.reason), (1, Reason::CacheMiss));
+    assert_eq!(r.tree_tokens("m"), 96);
+    assert_eq!(r.tree_chars("m"), 0, "text and token trees are separate");
+    // Same 6 pages, different tail: 96 of 110 tokens match → hit on worker 1.
+    let mut q = base[..96].to_vec();
+    q.extend(500..514);
+    let d = r.decide(&ids_key(q), &[0, 3, 0]);
+    assert_eq!(d.worker, 1);
+    assert_eq!(
+        d.reason,
+        Reason::TokenHit {
+            matched_tokens: 96,
+            ratio: 96.0 / 110.0
+        }
+    );
+    // Shorter than one page never matches.
+    let d = r.decide(&ids_key(base[..15].to_vec()), &[5, 5, 0]);
+    assert_eq!((d.worker, d.reason), (2, Reason::CacheMiss));
+}
+
+#[test]
+fn hash_mode_matches_the_deepest_head() {
+    let r = Router::new(&Config {
+        policy: PolicyKind::CacheAware,
+        cache_index: CacheIndexKind::Hash,
+        cache_boundaries: vec![8, 32],
+        ..Config::default()
+    });
+    let ids: Vec<u32> = (0..40).collect();
+    let d = r.decide(&ids_key(ids.clone()), &[0, 1]);
+    assert_eq!(d.worker, 0);
+    r.flush();
+    let d = r.decide(&ids_key(ids[..35].to_vec()), &[2, 0]);
+    assert_eq!(
+        d.reason,
+        Reason::TokenHit {
+            matched_tokens: 32,
+            ratio: 32.0 / 35.0
+        }
+    );
+    assert_eq!(d.worker, 0);
+    // Text in hash mode is a miss.
+    assert_eq!(
+        r.decide(&text_key("hello"), &[0, 0]).reason,
+        Reason::CacheMiss
+    );
+}
+
+/// bug-cases B12 through the router: a removed worker is gone from both trees.
+#[test]
+fn remove_worker_purges_both_trees() {
+    let r = router(PolicyKind::CacheAware);
+    r.decide(&ids_key((0..64).collect()), &[0, 1]);
+    r.decide(&text_key("some prompt text"), &[0, 1]);
+    r.remove_worker(0);
+    assert_eq!((r.tree_tokens("m"), r.tree_chars("m")), (0, 0));
 }
