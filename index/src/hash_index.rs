@@ -185,3 +185,54 @@ impl HashIndex {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ix() -> HashIndex {
+        HashIndex::new(HashIndexConfig {
+            boundaries: vec![4, 8],
+            ttl_ms: 1_000,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn boundaries_are_validated() {
+        for b in [vec![], vec![0, 4], vec![8, 4], vec![4, 4]] {
+            let cfg = HashIndexConfig {
+                boundaries: b,
+                ttl_ms: 1,
+            };
+            assert_eq!(HashIndex::new(cfg).err(), Some(IndexError::BadBoundaries));
+        }
+    }
+
+    #[test]
+    fn deepest_head_three_holders_ttl() {
+        let mut h = ix();
+        let a: Vec<u32> = (0..10).collect();
+        h.record(0, &a, 1, 0);
+        assert_eq!(h.lookup(0, &a, 10), Some((8, vec![1])));
+        // Same first 4, different 5..8: only the 4-head matches.
+        let mut b = a.clone();
+        b[6] = 99;
+        assert_eq!(h.lookup(0, &b, 10), Some((4, vec![1])));
+        assert_eq!(h.lookup(0, &a[..3], 10), None);
+        assert_eq!(h.lookup(7, &a, 10), None, "namespaces never match");
+        for (w, t) in [(2, 20), (3, 30), (4, 40)] {
+            h.record(0, &a, w, t);
+        }
+        // A 4th holder evicts the stalest (worker 1 at t=0).
+        assert_eq!(h.lookup(0, &a, 50), Some((8, vec![4, 3, 2])));
+        h.check_invariants().unwrap();
+        h.remove_worker(3);
+        assert_eq!(h.lookup(0, &a, 50), Some((8, vec![4, 2])));
+        // TTL: dead after 1 s; record() expires them (bounded memory).
+        assert_eq!(h.lookup(0, &a, 1_100), None);
+        h.record(0, &[9, 9, 9, 9], 0, 2_000);
+        assert_eq!(h.len(), 1);
+        h.check_invariants().unwrap();
+    }
+}

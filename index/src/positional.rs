@@ -645,3 +645,336 @@ impl EventWriter {
 fn touch_stamp(now_ms: u64) -> u32 {
     ((now_ms / 1000) as u32) & !HAS_PARENT
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{block_keys, local_hash};
+    use crate::reference::ReferenceEventIndex;
+    use proptest::prelude::*;
+
+    const BS: usize = 4;
+
+    fn cfg(max_workers: usize) -> EventIndexConfig {
+        EventIndexConfig {
+            block_size: BS,
+            max_workers,
+            ttl_ms: None,
+            max_entries: None,
+        }
+    }
+
+    fn check(w: &[EventWriter]) {
+        for x in w {
+            if let Err(e) = x.check_invariants() {
+                panic!("{e}");
+            }
+        }
+    }
+
+    /// Tokens of block `i` of sequence `seq`: blocks of one sequence share prefixes with the
+    /// same `seq` only.
+    fn tokens(seq: u32, from: usize, n: usize) -> Vec<u32> {
+        (from * BS..(from + n) * BS)
+            .map(|t| seq * 10_000 + t as u32)
+            .collect()
+    }
+
+    fn ehash(seq: u32, i: usize) -> u64 {
+        ((seq as u64) << 32) | i as u64 | 0x8000_0000
+    }
+
+    /// Stores blocks `from..from+n` of `seq` on `worker` (parent = block from−1).
+    fn store(
+        w: &mut [EventWriter],
+        r: &mut ReferenceEventIndex,
+        worker: TenantId,
+        seq: u32,
+        from: usize,
+        n: usize,
+    ) {
+        let parent = from.checked_sub(1).map(|p| ehash(seq, p));
+        let hs: Vec<u64> = (from..from + n).map(|i| ehash(seq, i)).collect();
+        let toks = tokens(seq, from, n);
+        let shard = worker as usize / SHARD_WORKERS;
+        let got = w[shard].apply_stored(worker, 0, parent, &hs, &toks, 0);
+        let blocks: Vec<(u64, u64)> = hs
+            .iter()
+            .zip(toks.chunks(BS))
+            .map(|(&h, t)| (h, local_hash(t)))
+            .collect();
+        assert_eq!(got.is_ok(), r.stored(worker, parent, &blocks));
+    }
+
+    /// anchors §7 E4: block boundaries with a 153-token base (9 full blocks + 9-token tail).
+    #[test]
+    fn e4_block_boundaries() {
+        let (ix, mut w) = EventIndex::new(&EventIndexConfig {
+            block_size: 16,
+            ..cfg(1)
+        });
+        let base: Vec<u32> = (0..153).map(|t| 1000 + t).collect();
+        let full = &base[..144];
+        let hs: Vec<u64> = (0..9).map(|i| 77 + i).collect();
+        w[0].apply_stored(0, 0, None, &hs, full, 0).unwrap();
+        let m = |q: &[u32]| ix.find_matches_tokens(0, q).blocks(0);
+        assert_eq!(m(&base), 9);
+        let flip = |i: usize| {
+            let mut q = base.clone();
+            q[i] = 7;
+            q
+        };
+        assert_eq!(m(&flip(63)), 3);
+        assert_eq!(m(&flip(64)), 4);
+        assert_eq!(m(&flip(147)), 9);
+        let mut pre = vec![5];
+        pre.extend_from_slice(&base);
+        assert_eq!(m(&pre), 0);
+        assert!(block_keys(&base[..15], 16).is_empty());
+        assert_eq!(ix.find_matches_tokens(0, &base[..15]), Overlap::default());
+        // Another namespace never matches.
+        assert_eq!(ix.find_matches_tokens(9, &base).blocks(0), 0);
+    }
+
+    /// anchors §7 E5: an interior hole truncates the match at exactly 5.
+    #[test]
+    fn e5_interior_hole() {
+        let (ix, mut w) = EventIndex::new(&cfg(2));
+        let mut r = ReferenceEventIndex::new();
+        store(&mut w, &mut r, 0, 1, 0, 40);
+        store(&mut w, &mut r, 1, 1, 0, 40);
+        w[0].apply_removed(0, &[ehash(1, 5)]).unwrap();
+        r.removed(0, &[ehash(1, 5)]);
+        check(&w);
+        let keys = block_keys(&tokens(1, 0, 40), BS);
+        assert_eq!(ix.find_matches(0, &keys).0, vec![(0, 5), (1, 40)]);
+        assert_eq!(ix.find_matches(0, &keys).0, r.find_matches(&keys));
+        // Re-storing the hole revives the tail.
+        w[0].apply_stored(0, 0, Some(ehash(1, 4)), &[ehash(1, 5)], &tokens(1, 5, 1), 0)
+            .unwrap();
+        check(&w);
+        assert_eq!(ix.find_matches(0, &keys).blocks(0), 40);
+    }
+
+    /// anchors §7 E7: one LRU engine with 60 blocks, 40 requests of 8 blocks (4 shared + 4
+    /// unique) sent twice. With removals applied, believed hits == served hits == 316.
+    #[test]
+    fn e7_stale_index_replay() {
+        let (ix, mut w) = EventIndex::new(&cfg(1));
+        // Engine: LRU of 60 blocks keyed by (seq, i); shared prefix = seq 0 blocks 0..4.
+        let mut lru: std::collections::VecDeque<(u32, usize)> = Default::default();
+        let (mut believed, mut served, mut believed_stale) = (0, 0, 0);
+        let mut stale: std::collections::HashSet<(u32, usize)> = Default::default();
+        for round in 0..2 {
+            for req in 0..40u32 {
+                let _ = round;
+                let blocks: Vec<(u32, usize)> = (0..8)
+                    .map(|i| if i < 4 { (0, i) } else { (req + 1, i) })
+                    .collect();
+                // Router belief from the index.
+                let toks: Vec<u32> = blocks.iter().flat_map(|&(s, i)| tokens(s, i, 1)).collect();
+                believed += ix.find_matches_tokens(0, &toks).blocks(0);
+                believed_stale += blocks.iter().take_while(|b| stale.contains(b)).count();
+                // Engine: consecutive cached prefix, then store the rest, evicting LRU heads.
+                let hit = blocks.iter().take_while(|b| lru.contains(b)).count();
+                served += hit;
+                for (i, b) in blocks.iter().enumerate() {
+                    if let Some(p) = lru.iter().position(|x| x == b) {
+                        lru.remove(p);
+                    } else {
+                        if lru.len() == 60 {
+                            let (s, j) = lru.pop_front().unwrap();
+                            w[0].apply_removed(0, &[ehash(s, j)]).unwrap();
+                        }
+                        let parent = i.checked_sub(1).map(|p| ehash(blocks[p].0, blocks[p].1));
+                        w[0].apply_stored(
+                            0,
+                            0,
+                            parent,
+                            &[ehash(b.0, b.1)],
+                            &tokens(b.0, b.1, 1),
+                            0,
+                        )
+                        .unwrap();
+                        stale.insert(*b);
+                    }
+                    lru.push_back(*b);
+                }
+            }
+        }
+        check(&w);
+        assert_eq!(served, 316);
+        assert_eq!(believed as usize, served);
+        assert_eq!(
+            believed_stale, 476,
+            "without removals the belief is 476/640"
+        );
+    }
+
+    #[test]
+    fn unknown_parent_is_rejected_and_counted() {
+        let (_, mut w) = EventIndex::new(&cfg(1));
+        let e = w[0].apply_stored(0, 0, Some(42), &[1], &tokens(1, 0, 1), 0);
+        assert_eq!(
+            e,
+            Err(IndexError::UnknownParent {
+                worker: 0,
+                parent: 42
+            })
+        );
+        assert_eq!(w[0].rejected(), 1);
+        assert_eq!(
+            w[0].apply_stored(64, 0, None, &[1], &tokens(1, 0, 1), 0),
+            Err(IndexError::WrongShard { worker: 64 })
+        );
+        assert!(matches!(
+            w[0].apply_stored(0, 0, None, &[1], &tokens(1, 0, 2), 0),
+            Err(IndexError::BlockSizeMismatch { .. })
+        ));
+    }
+
+    /// B16/B18: a cap keeps entries bounded; removing everything empties the table.
+    #[test]
+    fn b16_b18_cap_and_full_removal() {
+        let (ix, mut w) = EventIndex::new(&EventIndexConfig {
+            max_entries: Some(1_000),
+            ttl_ms: Some(60_000),
+            ..cfg(1)
+        });
+        let mut r = ReferenceEventIndex::new();
+        for seq in 0..500u32 {
+            store(&mut w, &mut r, 0, seq, 0, 8);
+            if seq % 50 == 49 {
+                w[0].prune(seq as u64 * 10);
+                assert!(ix.entries() <= 1_000);
+            }
+        }
+        check(&w);
+        assert!(ix.entries() >= 900);
+        // TTL: everything untouched for > 60 s goes.
+        let before = ix.entries();
+        assert_eq!(w[0].prune(200_000), before);
+        check(&w);
+        assert_eq!(ix.entries(), 0);
+        store(&mut w, &mut r, 0, 1, 0, 8);
+        w[0].remove_worker(0).unwrap();
+        check(&w);
+        assert_eq!(ix.entries(), 0);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Store(TenantId, u32, usize, usize),
+        Remove(TenantId, u32, usize),
+        Clear(TenantId),
+        Match(u32, usize),
+        Prune,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let w = prop_oneof![0..4u32, 62..70u32];
+        prop_oneof![
+            6 => (w.clone(), 0..5u32, 0..6usize, 1..40usize).prop_map(|(w, s, f, n)| Op::Store(w, s, f, n)),
+            3 => (w.clone(), 0..5u32, 0..45usize).prop_map(|(w, s, i)| Op::Remove(w, s, i)),
+            1 => w.prop_map(Op::Clear),
+            5 => (0..5u32, 1..45usize).prop_map(|(s, n)| Op::Match(s, n)),
+            1 => Just(Op::Prune),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Random interleavings (holes mid-chain, clears, removals of unknown blocks, TTL
+        /// pruning, two shards) answer exactly like the brute-force reference.
+        #[test]
+        fn matches_reference(ops in prop::collection::vec(op(), 1..150)) {
+            let (ix, mut w) = EventIndex::new(&EventIndexConfig { ttl_ms: Some(1_000_000), ..cfg(128) });
+            let mut r = ReferenceEventIndex::new();
+            let mut mismatches = 0;
+            for op in &ops {
+                match *op {
+                    Op::Store(wk, s, f, n) => {
+                        // Only from a held parent (or the root) so both accept or both reject.
+                        store(&mut w, &mut r, wk, s, f, n);
+                    }
+                    Op::Remove(wk, s, i) => {
+                        w[wk as usize / 64].apply_removed(wk, &[ehash(s, i)]).unwrap();
+                        r.removed(wk, &[ehash(s, i)]);
+                    }
+                    Op::Clear(wk) => {
+                        w[wk as usize / 64].apply_cleared(wk).unwrap();
+                        r.cleared(wk);
+                    }
+                    Op::Match(s, n) => {
+                        let keys = block_keys(&tokens(s, 0, n), BS);
+                        if ix.find_matches(0, &keys).0 != r.find_matches(&keys) {
+                            mismatches += 1;
+                        }
+                    }
+                    Op::Prune => {
+                        // Nothing is older than the TTL: a no-op that must keep state intact.
+                        prop_assert_eq!(w[0].prune(0) + w[1].prune(0), 0);
+                    }
+                }
+                for x in &w {
+                    prop_assert_eq!(x.check_invariants(), Ok(()));
+                }
+            }
+            prop_assert_eq!(mismatches, 0);
+            for wk in (0..4).chain(62..70) {
+                prop_assert_eq!(w[wk as usize / 64].worker_blocks(wk), r.worker_blocks(wk));
+            }
+        }
+    }
+
+    /// Harness self-test: a broken answer (the hole ignored) is caught by the comparison.
+    #[test]
+    fn harness_detects_an_ignored_hole() {
+        let mut r = ReferenceEventIndex::new();
+        let (_, mut w) = EventIndex::new(&cfg(1));
+        store(&mut w, &mut r, 0, 1, 0, 10);
+        r.removed(0, &[ehash(1, 3)]);
+        let keys = block_keys(&tokens(1, 0, 10), BS);
+        assert_ne!(r.find_matches(&keys), vec![(0, 10)]);
+    }
+
+    /// Readers on 2 threads while a writer applies stores and removals: every answer is a
+    /// plausible state (a prefix of some sequence), and after quiescence the index equals the
+    /// reference. Bounded: 2,000 writer ops.
+    #[test]
+    fn concurrent_readers_and_writer() {
+        let (ix, mut w) = EventIndex::new(&cfg(64));
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let mut r = ReferenceEventIndex::new();
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                let ix = ix.clone();
+                let stop = &stop;
+                s.spawn(move || {
+                    let keys = block_keys(&tokens(3, 0, 64), BS);
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) && n < 5_000_000 {
+                        for &(_, d) in &ix.find_matches(0, &keys).0 {
+                            assert!(d as usize <= keys.len());
+                        }
+                        n += 1;
+                    }
+                });
+            }
+            for i in 0..2_000usize {
+                let wk = (i % 64) as TenantId;
+                if i % 3 == 2 {
+                    w[0].apply_removed(wk, &[ehash(3, (i * 7) % 64)]).unwrap();
+                    r.removed(wk, &[ehash(3, (i * 7) % 64)]);
+                } else {
+                    store(&mut w, &mut r, wk, 3, 0, 1 + i % 64);
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        check(&w);
+        let keys = block_keys(&tokens(3, 0, 64), BS);
+        assert_eq!(ix.find_matches(0, &keys).0, r.find_matches(&keys));
+    }
+}

@@ -81,3 +81,88 @@ impl ReferenceStringIndex {
         self.entries.iter().map(|&(_, t)| t).collect()
     }
 }
+
+/// Brute-force event index: per worker, engine hash → (block key, parent engine hash), as
+/// the event contract describes it; a match scans every worker's set block by block.
+///
+/// Cost: `find_matches` is O(workers × len). Also the naive baseline of `kvroute bench index`.
+#[derive(Clone, Debug, Default)]
+pub struct ReferenceEventIndex {
+    workers: std::collections::BTreeMap<TenantId, std::collections::HashMap<u64, u64>>,
+}
+
+impl ReferenceEventIndex {
+    /// Empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Stores blocks (already keyed) for `worker` under `parent`; `false` (nothing stored)
+    /// when the parent is unknown. Keys are chained from the parent's key with
+    /// [`crate::keys::chain`].
+    pub fn stored(&mut self, worker: TenantId, parent: Option<u64>, blocks: &[(u64, u64)]) -> bool {
+        let map = self.workers.entry(worker).or_default();
+        let mut prev = match parent {
+            None => None,
+            Some(p) => match map.get(&p) {
+                Some(&k) => Some(k),
+                None => return false,
+            },
+        };
+        for &(eh, local) in blocks {
+            let k = crate::keys::chain(prev, local);
+            map.entry(eh).or_insert(k);
+            prev = Some(k);
+        }
+        true
+    }
+
+    /// Removes blocks by engine hash (unknown ones ignored).
+    pub fn removed(&mut self, worker: TenantId, hashes: &[u64]) {
+        if let Some(m) = self.workers.get_mut(&worker) {
+            for h in hashes {
+                m.remove(h);
+            }
+        }
+    }
+
+    /// Drops every block of `worker`.
+    pub fn cleared(&mut self, worker: TenantId) {
+        self.workers.remove(&worker);
+    }
+
+    /// Per worker holding `keys[0]`: consecutive leading keys held, sorted by worker.
+    pub fn find_matches(&self, keys: &[u64]) -> Vec<(TenantId, u32)> {
+        let mut out = Vec::new();
+        for (&w, m) in &self.workers {
+            let held: std::collections::HashSet<u64> = m.values().copied().collect();
+            let n = keys.iter().take_while(|k| held.contains(k)).count();
+            if n > 0 {
+                out.push((w, n as u32));
+            }
+        }
+        out
+    }
+
+    /// Blocks held by `worker`.
+    pub fn worker_blocks(&self, worker: TenantId) -> usize {
+        self.workers.get(&worker).map_or(0, |m| m.len())
+    }
+}
+
+/// Naive per-worker key sets: the "per-worker HashSet scan" baseline of the benches.
+#[derive(Clone, Debug, Default)]
+pub struct NaiveWorkerSets {
+    /// One set of held block keys per worker id.
+    pub sets: Vec<std::collections::HashSet<u64>>,
+}
+
+impl NaiveWorkerSets {
+    /// For every worker, consecutive leading `keys` in its set (0 included).
+    pub fn find_matches(&self, keys: &[u64]) -> Vec<u32> {
+        self.sets
+            .iter()
+            .map(|s| keys.iter().take_while(|k| s.contains(k)).count() as u32)
+            .collect()
+    }
+}

@@ -132,3 +132,129 @@ impl TokenTree {
         self.radix.mentions_tenant(tenant)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Naive reference: every inserted page sequence kept; LCP in whole pages.
+    fn naive(stored: &[(Vec<u32>, TenantId)], q: &[u32], bs: usize) -> (usize, Vec<TenantId>) {
+        let pages = |v: &[u32]| v.len() / bs * bs;
+        let lcp = |s: &[u32]| {
+            let n = s[..pages(s)]
+                .iter()
+                .zip(&q[..pages(q)])
+                .take_while(|(a, b)| a == b)
+                .count();
+            n / bs * bs
+        };
+        let best = stored.iter().map(|(s, _)| lcp(s)).max().unwrap_or(0);
+        let mut ts: Vec<TenantId> = if best == 0 {
+            Vec::new()
+        } else {
+            stored
+                .iter()
+                .filter(|(s, _)| lcp(s) >= best)
+                .map(|&(_, t)| t)
+                .collect()
+        };
+        ts.sort_unstable();
+        ts.dedup();
+        (best, ts)
+    }
+
+    #[test]
+    fn pages_only_and_namespaces() {
+        let mut t = TokenTree::new(4, usize::MAX);
+        t.insert(0, &[1, 2, 3, 4, 5, 6, 7, 8, 9], 0); // 2 pages + 1 token
+        t.check_invariants().unwrap();
+        assert_eq!(t.total_tokens(), 8);
+        assert_eq!(t.match_prefix(0, &[1, 2, 3]).matched_tokens, 0);
+        assert_eq!(
+            t.match_prefix(0, &[1, 2, 3, 4, 5, 6, 7, 0]).matched_tokens,
+            4
+        );
+        assert_eq!(
+            t.match_prefix(0, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 9])
+                .matched_tokens,
+            8
+        );
+        assert_eq!(t.match_prefix(1, &[1, 2, 3, 4]).matched_tokens, 0);
+        t.insert(1, &[1, 2, 3, 4], 3);
+        assert_eq!(t.match_prefix(1, &[1, 2, 3, 4]).tenants, vec![3]);
+        assert_eq!(t.match_prefix(0, &[1, 2, 3, 4]).tenants, vec![0]);
+    }
+
+    /// B15 for tokens: a stream of unique prompts never exceeds budget + one request.
+    #[test]
+    fn b15_budget_at_every_insert() {
+        let mut t = TokenTree::new(16, 10_000);
+        for i in 0..2_000u32 {
+            let ids: Vec<u32> = (0..(64 + i % 300)).map(|x| x * 7 + i * 100_000).collect();
+            t.insert(0, &ids, i % 50);
+            assert!(t.total_tokens() <= 10_000);
+        }
+        t.check_invariants().unwrap();
+        assert!(t.total_tokens() > 9_000);
+    }
+
+    fn seqs() -> impl Strategy<Value = Vec<u32>> {
+        prop_oneof![
+            prop::collection::vec(0..3u32, 0..40),
+            (0..3u32, 0..40usize).prop_map(|(x, n)| vec![x; n]),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Without eviction: equals the naive page LCP (self-similar input: runs, repeated
+        /// pages); with removals: the removed tenant is gone everywhere.
+        #[test]
+        fn matches_naive(ops in prop::collection::vec((seqs(), 0..6u32, 0..10u8), 1..80)) {
+            let bs = 2;
+            let mut t = TokenTree::new(bs, usize::MAX);
+            let mut stored: Vec<(Vec<u32>, TenantId)> = Vec::new();
+            for (s, tenant, kind) in ops {
+                match kind {
+                    0..=4 => {
+                        t.insert(0, &s, tenant);
+                        stored.push((s, tenant));
+                    }
+                    5 => {
+                        t.remove_tenant(tenant);
+                        stored.retain(|&(_, x)| x != tenant);
+                        prop_assert!(!t.mentions_tenant(tenant));
+                    }
+                    _ => {
+                        let got = t.match_prefix(0, &s);
+                        let (want, ts) = naive(&stored, &s, bs);
+                        prop_assert_eq!(got.matched_tokens, want);
+                        let mut g = got.tenants.clone();
+                        g.sort_unstable();
+                        prop_assert_eq!(g.len(), ts.len().min(crate::MAX_MATCH_TENANTS));
+                        prop_assert!(g.iter().all(|x| ts.contains(x)));
+                    }
+                }
+                prop_assert_eq!(t.check_invariants(), Ok(()));
+            }
+        }
+
+        /// With a budget: never over budget after an insert, answers stay sound.
+        #[test]
+        fn budget_is_sound(ops in prop::collection::vec((seqs(), 0..6u32), 1..80), budget in 0..60usize) {
+            let bs = 2;
+            let mut t = TokenTree::new(bs, budget);
+            let mut stored: Vec<(Vec<u32>, TenantId)> = Vec::new();
+            for (s, tenant) in ops {
+                t.insert(0, &s, tenant);
+                stored.push((s.clone(), tenant));
+                prop_assert!(t.total_tokens() <= budget / bs * bs);
+                prop_assert_eq!(t.check_invariants(), Ok(()));
+                let got = t.match_prefix(0, &s);
+                prop_assert!(got.matched_tokens <= naive(&stored, &s, bs).0);
+            }
+        }
+    }
+}
