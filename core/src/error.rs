@@ -63,6 +63,16 @@ pub enum CoreError {
         /// What it must be, e.g. `"an array"`.
         expected: &'static str,
     },
+    /// A configured tokenizer could not be loaded (`--tokenizer`, `--model NAME=PATH`).
+    #[error("config: tokenizer for model {model:?} at {path}: {message}")]
+    Tokenizer {
+        /// The model name (`*` for the default `--tokenizer`).
+        model: String,
+        /// The path given.
+        path: String,
+        /// The tokenize crate's error, formatted.
+        message: String,
+    },
 }
 
 impl CoreError {
@@ -79,6 +89,7 @@ impl CoreError {
             CoreError::BodyNotObject => "not_object",
             CoreError::MissingField { .. } => "missing_field",
             CoreError::WrongType { .. } => "wrong_type",
+            CoreError::Tokenizer { .. } => "config",
         }
     }
 }

@@ -6,6 +6,8 @@
 //! - [`workers::Workers`]: the worker registry with atomic in-flight counts shared by all
 //!   shards; [`load::LoadGuard`] is the RAII token that counts one request.
 //! - [`route_key::RouteKey`]: what routing needs from a request body.
+//! - [`tokens::Tokenizers`] / [`tokens::ShardTokenizers`]: token ids for routing (body,
+//!   `x-kvroute-routing-tokens` header, or the rendered prompt tokenized incrementally).
 //! - [`policy::Router`]: `decide(key, loads) -> Decision`, a function of the request and a
 //!   snapshot of worker loads (plus the router's own approximate index).
 //! - [`metrics::Metrics`]: Prometheus counters and histograms.
@@ -17,6 +19,7 @@ pub mod load;
 pub mod metrics;
 pub mod policy;
 pub mod route_key;
+pub mod tokens;
 pub mod workers;
 
 pub use error::CoreError;

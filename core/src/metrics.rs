@@ -7,6 +7,9 @@
 //! | `kvroute_decisions_total` | counter | `policy`, `reason` (`hit`, `miss`, `spill`, ...) |
 //! | `kvroute_upstream_errors_total` | counter | `worker`, `kind` |
 //! | `kvroute_bad_requests_total` | counter | `reason` |
+//! | `kvroute_token_source_total` | counter | `source` (`none`, `body`, `header`, `prompt`) |
+//! | `kvroute_routing_tokens_rejected_total` | counter | `reason` (`too_long`, `too_many`, `malformed`) |
+//! | `kvroute_tokenize_tokens_total` | counter | `how` (`reused`, `encoded`) |
 //! | `kvroute_request_duration_seconds` | histogram | — |
 //! | `kvroute_worker_in_flight` | gauge | `worker` (read from [`Workers`] at scrape time) |
 
@@ -28,6 +31,9 @@ pub struct Metrics {
     decisions: Family<Labels, Counter>,
     upstream_errors: Family<Labels, Counter>,
     bad_requests: Family<Labels, Counter>,
+    token_sources: Family<Labels, Counter>,
+    header_rejected: Family<Labels, Counter>,
+    tokenize_tokens: Family<Labels, Counter>,
     duration: Histogram,
     in_flight: Family<Labels, Gauge>,
 }
@@ -47,6 +53,24 @@ impl Metrics {
         let decisions = Family::<Labels, Counter>::default();
         let upstream_errors = Family::<Labels, Counter>::default();
         let bad_requests = Family::<Labels, Counter>::default();
+        let token_sources = Family::<Labels, Counter>::default();
+        let header_rejected = Family::<Labels, Counter>::default();
+        let tokenize_tokens = Family::<Labels, Counter>::default();
+        registry.register(
+            "kvroute_token_source",
+            "Routed requests by where their token ids came from",
+            token_sources.clone(),
+        );
+        registry.register(
+            "kvroute_routing_tokens_rejected",
+            "x-kvroute-routing-tokens headers ignored, by reason",
+            header_rejected.clone(),
+        );
+        registry.register(
+            "kvroute_tokenize_tokens",
+            "Prompt tokens produced by the router, reused from the prefix cache or encoded",
+            tokenize_tokens.clone(),
+        );
         // 1 ms … ~33 min in ×2 steps: TTFT-scale to long generations.
         let duration = Histogram::new(exponential_buckets(0.001, 2.0, 22));
         let in_flight = Family::<Labels, Gauge>::default();
@@ -92,6 +116,9 @@ impl Metrics {
             decisions,
             upstream_errors,
             bad_requests,
+            token_sources,
+            header_rejected,
+            tokenize_tokens,
             duration,
             in_flight,
         }
@@ -137,6 +164,30 @@ impl Metrics {
     /// A request refused as invalid (`reason`: malformed, head_too_large, body_too_large, ...).
     pub fn on_bad_request(&self, reason: &str) {
         self.bad_requests
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .inc();
+    }
+
+    /// Where one routed request's token ids came from (`source`: `none`, `body`, `header`,
+    /// `prompt`); for `prompt`, `reused` of its `total` tokens came from the prefix cache.
+    pub fn on_token_source(&self, source: &str, reused: usize, total: usize) {
+        self.token_sources
+            .get_or_create(&vec![("source", source.to_string())])
+            .inc();
+        if source == "prompt" {
+            self.tokenize_tokens
+                .get_or_create(&vec![("how", "reused".to_string())])
+                .inc_by(reused as u64);
+            self.tokenize_tokens
+                .get_or_create(&vec![("how", "encoded".to_string())])
+                .inc_by(total.saturating_sub(reused) as u64);
+        }
+    }
+
+    /// An `x-kvroute-routing-tokens` header that was ignored (`reason`: `too_long`,
+    /// `too_many`, `malformed`). Never an error for the request.
+    pub fn on_routing_tokens_rejected(&self, reason: &str) {
+        self.header_rejected
             .get_or_create(&vec![("reason", reason.to_string())])
             .inc();
     }

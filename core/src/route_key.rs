@@ -6,6 +6,7 @@
 //! (sampling parameters, tools, images) is skipped without being built.
 
 use crate::CoreError;
+use kvroute_tokenize::blocks::{media_key, namespace_hash};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::borrow::Cow;
 use std::fmt;
@@ -34,9 +35,48 @@ pub struct RouteKey {
     /// B19). Completions: `prompt` (first of a batch). Generate: `text` (first of a batch).
     /// Empty when the request carries only token ids.
     pub text: String,
-    /// Token ids when the request carries them (`input_ids` of `/generate`, or a token-id
-    /// `prompt` of `/v1/completions`); first sequence of a batch.
+    /// Token ids, first sequence of a batch. [`route_key`] sets them when the body carries
+    /// them (`input_ids` of `/generate`, or a token-id `prompt` of `/v1/completions`);
+    /// [`crate::tokens`] then fills them from the `x-kvroute-routing-tokens` header or the
+    /// rendered and tokenized prompt when a tokenizer is configured. `Some` → token-mode
+    /// routing.
     pub input_ids: Option<Vec<u32>>,
+    /// Where `input_ids` came from.
+    pub token_source: TokenSource,
+    /// Cache partition: [`namespace_hash`] of `cache_salt`, `extra_key` and the LoRA adapter
+    /// (`lora_path`, else `lora_id`, else the suffix of a `model` written `base:adapter`);
+    /// empty strings are unset; 0 = no partition (anchors.md §2.7).
+    pub namespace: u64,
+    /// [`media_key`] of each image / audio / video reference, in request order: chat content
+    /// parts `image_url` (object `url` or string), `image`, `video_url`, `input_audio`
+    /// (`data`), and `/generate` `image_data` (string, or first-level array of strings).
+    pub image_keys: Vec<u64>,
+}
+
+/// Where a [`RouteKey`]'s token ids came from (issue 4 order: body, header, prompt).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TokenSource {
+    /// No ids: text-mode routing.
+    #[default]
+    None,
+    /// `input_ids` of `/generate` or a token-id `prompt` of `/v1/completions`.
+    Body,
+    /// The `x-kvroute-routing-tokens` header.
+    Header,
+    /// The prompt rendered (chat template) and tokenized by the router.
+    Prompt,
+}
+
+impl TokenSource {
+    /// Metric label: `none`, `body`, `header`, `prompt`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenSource::None => "none",
+            TokenSource::Body => "body",
+            TokenSource::Header => "header",
+            TokenSource::Prompt => "prompt",
+        }
+    }
 }
 
 /// Parses the routing fields of `body` (JSON bytes) for `endpoint`; other fields are skipped.
@@ -47,7 +87,9 @@ pub struct RouteKey {
 /// | completions | `prompt`: string, array of strings (first), token ids, or array of token-id arrays (first) |
 /// | generate | `text` (string or first of an array) and/or `input_ids` (ids, or first of a batch) |
 ///
-/// `model` and `stream` are read for every endpoint.
+/// `model` and `stream` are read for every endpoint, and so are the partition fields
+/// (`cache_salt`, `extra_key`, `lora_path`, `lora_id` — string or integer) and media
+/// references (see [`RouteKey::namespace`], [`RouteKey::image_keys`]).
 ///
 /// # Errors
 /// - [`CoreError::BodyNotJson`]: the bytes are not one JSON value.
@@ -68,11 +110,20 @@ pub fn route_key(endpoint: Endpoint, body: &[u8]) -> Result<RouteKey, CoreError>
     let Top::Object(f) = top else {
         return Err(CoreError::BodyNotObject);
     };
+    let model = f.model.map(Cow::into_owned).unwrap_or_default();
+    let suffix = model.split_once(':').map(|(_, adapter)| adapter);
+    let lora = [f.lora_path.as_deref(), f.lora_id.as_deref(), suffix]
+        .into_iter()
+        .flatten()
+        .find(|s| !s.is_empty());
+    let namespace = namespace_hash(f.cache_salt.as_deref(), f.extra_key.as_deref(), lora);
     let mut key = RouteKey {
-        model: f.model.map(Cow::into_owned).unwrap_or_default(),
         stream: f.stream.unwrap_or(false),
+        namespace,
+        image_keys: f.image_data,
         ..RouteKey::default()
     };
+    key.model = model;
     match endpoint {
         Endpoint::ChatCompletions => match f.messages {
             None => return Err(CoreError::MissingField { field: "messages" }),
@@ -88,7 +139,10 @@ pub fn route_key(endpoint: Endpoint, body: &[u8]) -> Result<RouteKey, CoreError>
                     expected: "an object",
                 });
             }
-            Some(Messages::List(text)) => key.text = text,
+            Some(Messages::List(text, media)) => {
+                key.text = text;
+                key.image_keys.splice(0..0, media);
+            }
         },
         Endpoint::Completions => match f.prompt {
             None | Some(Prompt::Null) => return Err(CoreError::MissingField { field: "prompt" }),
@@ -131,6 +185,9 @@ pub fn route_key(endpoint: Endpoint, body: &[u8]) -> Result<RouteKey, CoreError>
             }
         }
     }
+    if key.input_ids.is_some() {
+        key.token_source = TokenSource::Body;
+    }
     Ok(key)
 }
 
@@ -148,11 +205,16 @@ struct Fields<'a> {
     prompt: Option<Prompt<'a>>,
     text: Option<Prompt<'a>>,
     input_ids: Option<Prompt<'a>>,
+    cache_salt: Option<Cow<'a, str>>,
+    extra_key: Option<Cow<'a, str>>,
+    lora_path: Option<Cow<'a, str>>,
+    lora_id: Option<String>,
+    image_data: Vec<u64>,
 }
 
-/// `messages`, already flattened into routing text.
+/// `messages`, already flattened into routing text and media keys.
 enum Messages {
-    List(String),
+    List(String, Vec<u64>),
     NotArray,
     EntryNotObject,
 }
@@ -279,6 +341,17 @@ enum Key {
     Role,
     Content,
     Type,
+    CacheSalt,
+    ExtraKey,
+    LoraPath,
+    LoraId,
+    ImageData,
+    ImageUrl,
+    Image,
+    VideoUrl,
+    InputAudio,
+    Url,
+    Data,
     Other,
 }
 
@@ -299,6 +372,17 @@ impl Visitor<'_> for KeyVisitor {
             "role" => Key::Role,
             "content" => Key::Content,
             "type" => Key::Type,
+            "cache_salt" => Key::CacheSalt,
+            "extra_key" => Key::ExtraKey,
+            "lora_path" => Key::LoraPath,
+            "lora_id" => Key::LoraId,
+            "image_data" => Key::ImageData,
+            "image_url" => Key::ImageUrl,
+            "image" => Key::Image,
+            "video_url" => Key::VideoUrl,
+            "input_audio" => Key::InputAudio,
+            "url" => Key::Url,
+            "data" => Key::Data,
             _ => Key::Other,
         })
     }
@@ -325,6 +409,11 @@ impl<'de> Visitor<'de> for TopVisitor {
                 Key::Prompt => f.prompt = Some(map.next_value()?),
                 Key::Text => f.text = Some(map.next_value()?),
                 Key::InputIds => f.input_ids = Some(map.next_value()?),
+                Key::CacheSalt => f.cache_salt = map.next_value::<Loose<Str>>()?.0.map(|s| s.0),
+                Key::ExtraKey => f.extra_key = map.next_value::<Loose<Str>>()?.0.map(|s| s.0),
+                Key::LoraPath => f.lora_path = map.next_value::<Loose<Str>>()?.0.map(|s| s.0),
+                Key::LoraId => f.lora_id = map.next_value::<LoraId>()?.0,
+                Key::ImageData => f.image_data = map.next_value::<MediaList>()?.0,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -365,10 +454,16 @@ impl<'de> Visitor<'de> for MessagesVisitor {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Messages, A::Error> {
         let mut text = String::new();
+        let mut media = Vec::new();
         let mut all_objects = true;
         while let Some(m) = seq.next_element::<Message>()? {
             match m {
-                Message::Object { role, content } if all_objects => {
+                Message::Object {
+                    role,
+                    content,
+                    media: m,
+                } if all_objects => {
+                    media.extend(m);
                     text.push_str("<|");
                     text.push_str(role.as_deref().unwrap_or(""));
                     text.push_str("|>");
@@ -381,7 +476,7 @@ impl<'de> Visitor<'de> for MessagesVisitor {
             }
         }
         Ok(if all_objects {
-            Messages::List(text)
+            Messages::List(text, media)
         } else {
             Messages::EntryNotObject
         })
@@ -415,6 +510,7 @@ enum Message<'a> {
     Object {
         role: Option<Cow<'a, str>>,
         content: Vec<Cow<'a, str>>,
+        media: Vec<u64>,
     },
     NotObject,
 }
@@ -428,16 +524,25 @@ impl<'de> Visitor<'de> for MessageVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Message<'de>, A::Error> {
         let mut role = None;
         let mut content = Vec::new();
+        let mut media = Vec::new();
         while let Some(k) = map.next_key::<Key>()? {
             match k {
                 Key::Role => role = map.next_value::<Loose<Str>>()?.0.map(|s| s.0),
-                Key::Content => content = map.next_value::<Content>()?.0,
+                Key::Content => {
+                    let c = map.next_value::<Content>()?;
+                    content = c.0;
+                    media = c.1;
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
-        Ok(Message::Object { role, content })
+        Ok(Message::Object {
+            role,
+            content,
+            media,
+        })
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Message<'de>, A::Error> {
         skip_seq(seq).map(|()| Message::NotObject)
@@ -463,8 +568,9 @@ impl<'de> Visitor<'de> for MessageVisitor {
 }
 deserialize_any_with!(Message<'de>, MessageVisitor);
 
-/// Message content: a string, or the texts of `type: "text"` parts; anything else is empty.
-struct Content<'a>(Vec<Cow<'a, str>>);
+/// Message content: a string, or the texts of `type: "text"` parts and the media keys of the
+/// other parts; anything else is empty.
+struct Content<'a>(Vec<Cow<'a, str>>, Vec<u64>);
 
 struct ContentVisitor;
 impl<'de> Visitor<'de> for ContentVisitor {
@@ -473,44 +579,47 @@ impl<'de> Visitor<'de> for ContentVisitor {
         f.write_str("message content")
     }
     fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Content<'de>, E> {
-        Ok(Content(vec![Cow::Borrowed(v)]))
+        Ok(Content(vec![Cow::Borrowed(v)], Vec::new()))
     }
     fn visit_str<E>(self, v: &str) -> Result<Content<'de>, E> {
-        Ok(Content(vec![Cow::Owned(v.to_owned())]))
+        Ok(Content(vec![Cow::Owned(v.to_owned())], Vec::new()))
     }
     fn visit_string<E>(self, v: String) -> Result<Content<'de>, E> {
-        Ok(Content(vec![Cow::Owned(v)]))
+        Ok(Content(vec![Cow::Owned(v)], Vec::new()))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content<'de>, A::Error> {
         let mut parts = Vec::new();
+        let mut media = Vec::new();
         while let Some(p) = seq.next_element::<Part>()? {
             parts.extend(p.0);
+            media.extend(p.1);
         }
-        Ok(Content(parts))
+        Ok(Content(parts, media))
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Content<'de>, A::Error> {
-        skip_map(map).map(|()| Content(Vec::new()))
+        skip_map(map).map(|()| Content(Vec::new(), Vec::new()))
     }
     fn visit_bool<E>(self, _: bool) -> Result<Content<'de>, E> {
-        Ok(Content(Vec::new()))
+        Ok(Content(Vec::new(), Vec::new()))
     }
     fn visit_i64<E>(self, _: i64) -> Result<Content<'de>, E> {
-        Ok(Content(Vec::new()))
+        Ok(Content(Vec::new(), Vec::new()))
     }
     fn visit_u64<E>(self, _: u64) -> Result<Content<'de>, E> {
-        Ok(Content(Vec::new()))
+        Ok(Content(Vec::new(), Vec::new()))
     }
     fn visit_f64<E>(self, _: f64) -> Result<Content<'de>, E> {
-        Ok(Content(Vec::new()))
+        Ok(Content(Vec::new(), Vec::new()))
     }
     fn visit_unit<E>(self) -> Result<Content<'de>, E> {
-        Ok(Content(Vec::new()))
+        Ok(Content(Vec::new(), Vec::new()))
     }
 }
 deserialize_any_with!(Content<'de>, ContentVisitor);
 
-/// A content part: its `text` when `type` is `"text"` (keys in any order).
-struct Part<'a>(Option<Cow<'a, str>>);
+/// A content part: its `text` when `type` is `"text"` (keys in any order), and the media key
+/// of an `image_url` / `image` / `video_url` / `input_audio` reference.
+struct Part<'a>(Option<Cow<'a, str>>, Option<u64>);
 
 struct PartVisitor;
 impl<'de> Visitor<'de> for PartVisitor {
@@ -521,6 +630,7 @@ impl<'de> Visitor<'de> for PartVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Part<'de>, A::Error> {
         let mut is_text = false;
         let mut text = None;
+        let mut media = None;
         while let Some(k) = map.next_key::<Key>()? {
             match k {
                 Key::Type => {
@@ -530,36 +640,166 @@ impl<'de> Visitor<'de> for PartVisitor {
                         .is_some_and(|s| s.0 == "text");
                 }
                 Key::Text => text = map.next_value::<Loose<Str>>()?.0.map(|s| s.0),
+                Key::ImageUrl | Key::Image | Key::VideoUrl | Key::InputAudio => {
+                    media = media.or(map.next_value::<Media>()?.0);
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
-        Ok(Part(text.filter(|_| is_text)))
+        Ok(Part(text.filter(|_| is_text), media))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Part<'de>, A::Error> {
-        skip_seq(seq).map(|()| Part(None))
+        skip_seq(seq).map(|()| Part(None, None))
     }
     fn visit_str<E>(self, _: &str) -> Result<Part<'de>, E> {
-        Ok(Part(None))
+        Ok(Part(None, None))
     }
     fn visit_bool<E>(self, _: bool) -> Result<Part<'de>, E> {
-        Ok(Part(None))
+        Ok(Part(None, None))
     }
     fn visit_i64<E>(self, _: i64) -> Result<Part<'de>, E> {
-        Ok(Part(None))
+        Ok(Part(None, None))
     }
     fn visit_u64<E>(self, _: u64) -> Result<Part<'de>, E> {
-        Ok(Part(None))
+        Ok(Part(None, None))
     }
     fn visit_f64<E>(self, _: f64) -> Result<Part<'de>, E> {
-        Ok(Part(None))
+        Ok(Part(None, None))
     }
     fn visit_unit<E>(self) -> Result<Part<'de>, E> {
-        Ok(Part(None))
+        Ok(Part(None, None))
     }
 }
 deserialize_any_with!(Part<'de>, PartVisitor);
+
+/// A media reference: a string (URL or data URI), or an object's `url` or `data` string
+/// (`{"url": ..}` of `image_url`, `{"data": .., "format": ..}` of `input_audio`).
+struct Media(Option<u64>);
+
+struct MediaVisitor;
+impl<'de> Visitor<'de> for MediaVisitor {
+    type Value = Media;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a media reference")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Media, E> {
+        Ok(Media(Some(media_key(v))))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Media, A::Error> {
+        let mut out = None;
+        while let Some(k) = map.next_key::<Key>()? {
+            match k {
+                Key::Url | Key::Data if out.is_none() => {
+                    out = map.next_value::<Loose<Str>>()?.0.map(|s| media_key(&s.0));
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Media(out))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Media, A::Error> {
+        skip_seq(seq).map(|()| Media(None))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Media, E> {
+        Ok(Media(None))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Media, E> {
+        Ok(Media(None))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Media, E> {
+        Ok(Media(None))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Media, E> {
+        Ok(Media(None))
+    }
+    fn visit_unit<E>(self) -> Result<Media, E> {
+        Ok(Media(None))
+    }
+}
+deserialize_any_with!(Media, MediaVisitor);
+
+/// `/generate` `image_data`: one reference, or an array of references (nested arrays of a
+/// batch: their references in order).
+struct MediaList(Vec<u64>);
+
+struct MediaListVisitor;
+impl<'de> Visitor<'de> for MediaListVisitor {
+    type Value = MediaList;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("media references")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<MediaList, E> {
+        Ok(MediaList(vec![media_key(v)]))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<MediaList, A::Error> {
+        Ok(MediaList(
+            MediaVisitor.visit_map(map)?.0.into_iter().collect(),
+        ))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<MediaList, A::Error> {
+        let mut out = Vec::new();
+        while let Some(m) = seq.next_element::<MediaList>()? {
+            out.extend(m.0);
+        }
+        Ok(MediaList(out))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<MediaList, E> {
+        Ok(MediaList(Vec::new()))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<MediaList, E> {
+        Ok(MediaList(Vec::new()))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<MediaList, E> {
+        Ok(MediaList(Vec::new()))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<MediaList, E> {
+        Ok(MediaList(Vec::new()))
+    }
+    fn visit_unit<E>(self) -> Result<MediaList, E> {
+        Ok(MediaList(Vec::new()))
+    }
+}
+deserialize_any_with!(MediaList, MediaListVisitor);
+
+/// `lora_id`: a string, or an integer written in decimal; anything else is unset.
+struct LoraId(Option<String>);
+
+struct LoraIdVisitor;
+impl<'de> Visitor<'de> for LoraIdVisitor {
+    type Value = LoraId;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a LoRA id")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<LoraId, E> {
+        Ok(LoraId(Some(v.to_owned())))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<LoraId, E> {
+        Ok(LoraId(Some(v.to_string())))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<LoraId, E> {
+        Ok(LoraId(Some(v.to_string())))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<LoraId, E> {
+        Ok(LoraId(None))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<LoraId, E> {
+        Ok(LoraId(None))
+    }
+    fn visit_unit<E>(self) -> Result<LoraId, E> {
+        Ok(LoraId(None))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<LoraId, A::Error> {
+        skip_seq(seq).map(|()| LoraId(None))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<LoraId, A::Error> {
+        skip_map(map).map(|()| LoraId(None))
+    }
+}
+deserialize_any_with!(LoraId, LoraIdVisitor);
 
 /// One element of a prompt array: decides the array's shape.
 enum Item<'a> {
@@ -857,6 +1097,95 @@ mod tests {
             err(Generate, r#"{"text":[1,2]}"#),
             WrongType { field: "text", .. }
         ));
+    }
+
+    /// anchors.md §2.7: `cache_salt`, `extra_key` and the LoRA adapter form the partition;
+    /// empty string = unset; `lora_path` wins over `lora_id`, which wins over `model:adapter`.
+    #[test]
+    fn namespace_from_partition_fields() {
+        use kvroute_tokenize::blocks::namespace_hash as ns;
+        let c = |b: &str| key(Endpoint::ChatCompletions, b).namespace;
+        let g = |b: &str| key(Endpoint::Generate, b).namespace;
+        assert_eq!(c(r#"{"messages":[]}"#), 0);
+        assert_eq!(c(r#"{"messages":[],"cache_salt":"","extra_key":""}"#), 0);
+        assert_eq!(
+            c(r#"{"messages":[],"cache_salt":"s1"}"#),
+            ns(Some("s1"), None, None)
+        );
+        assert_eq!(
+            key(
+                Endpoint::Completions,
+                r#"{"prompt":"p","extra_key":"e","cache_salt":"s"}"#
+            )
+            .namespace,
+            ns(Some("s"), Some("e"), None)
+        );
+        assert_eq!(
+            g(r#"{"text":"t","lora_path":"a1"}"#),
+            ns(None, None, Some("a1"))
+        );
+        assert_eq!(g(r#"{"text":"t","lora_id":7}"#), ns(None, None, Some("7")));
+        assert_eq!(
+            g(r#"{"text":"t","lora_id":"x","lora_path":"a1"}"#),
+            ns(None, None, Some("a1"))
+        );
+        let suffix = key(
+            Endpoint::ChatCompletions,
+            r#"{"model":"qwen3:sql","messages":[]}"#,
+        );
+        assert_eq!(
+            (suffix.model.as_str(), suffix.namespace),
+            ("qwen3:sql", ns(None, None, Some("sql")))
+        );
+        assert_eq!(c(r#"{"model":"qwen3:","messages":[]}"#), 0);
+        assert_eq!(g(r#"{"text":"t","lora_path":null,"cache_salt":5}"#), 0);
+    }
+
+    #[test]
+    fn image_keys_in_request_order() {
+        use kvroute_tokenize::blocks::media_key as mk;
+        let k = key(
+            Endpoint::ChatCompletions,
+            r#"{"messages":[{"role":"user","content":[
+                {"type":"image_url","image_url":{"url":"http://x/a.png","detail":"high"}},
+                {"type":"text","text":"compare"},
+                {"image_url":"data:image/png;base64,AAAA","type":"image_url"}]},
+               {"role":"user","content":[{"type":"input_audio","input_audio":{"format":"wav","data":"UklG"}},
+                {"type":"image","image":"http://x/b.png"},{"type":"video_url","video_url":{"url":"v.mp4"}}]}]}"#,
+        );
+        assert_eq!(
+            k.image_keys,
+            vec![
+                mk("http://x/a.png"),
+                mk("data:image/png;base64,AAAA"),
+                mk("UklG"),
+                mk("http://x/b.png"),
+                mk("v.mp4")
+            ]
+        );
+        assert_eq!(k.text, "<|user|>compare<|user|>");
+        let g = key(
+            Endpoint::Generate,
+            r#"{"text":"t","image_data":["http://x/a.png",["b"]]}"#,
+        );
+        assert_eq!(g.image_keys, vec![mk("http://x/a.png"), mk("b")]);
+        assert_eq!(
+            key(Endpoint::Generate, r#"{"text":"t","image_data":"one"}"#).image_keys,
+            vec![mk("one")]
+        );
+        assert!(
+            key(Endpoint::Generate, r#"{"text":"t"}"#)
+                .image_keys
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn body_ids_are_marked() {
+        let g = key(Endpoint::Generate, r#"{"input_ids":[1,2]}"#);
+        assert_eq!(g.token_source, TokenSource::Body);
+        let t = key(Endpoint::Generate, r#"{"text":"x"}"#);
+        assert_eq!(t.token_source, TokenSource::None);
     }
 
     proptest! {

@@ -8,8 +8,8 @@
 //!   `tokenize/fixtures/`).
 //! - [`IncrementalTokenizer`]: exact ids for a rendered prompt at a cost that grows with the
 //!   part not seen before (per-shard LRU of prefix ids, cut only at template special tokens).
-//! - [`blocks`]: kvroute's chained xxh3-64 block keys (kv-events.md §7), cache-partition
-//!   namespaces and media keys — the one implementation.
+//! - [`blocks`]: cache-partition namespaces and media keys (the chained xxh3 block keys
+//!   themselves have one implementation, `kvroute_index::keys`).
 //!
 //! The Qwen3 tokenizer ships embedded ([`Tokenizer::qwen3`]): gzip-compressed
 //! `tokenizer.json` and its `tokenizer_config.json`, Apache-2.0 (Qwen), taken from the

@@ -46,3 +46,6 @@ pub const CACHE_TTL_SECS: u64 = 180;
 /// Listen address of the simulated engine in `bench`, `HOST:PORT` (the demo's workers take the
 /// following ports: 8101, 8102, ...). Source: seed doc.
 pub const ENGINE_LISTEN: &str = "127.0.0.1:8100";
+/// Per-shard incremental-tokenization prefix cache, tokens held (4 bytes each). Source:
+/// `kvroute_tokenize::incremental::DEFAULT_CACHE_TOKENS` (sized from the WEKA traces).
+pub const TOKENIZE_CACHE_TOKENS: usize = kvroute_tokenize::incremental::DEFAULT_CACHE_TOKENS;

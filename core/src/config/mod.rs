@@ -94,6 +94,16 @@ pub struct Config {
     pub kv_indexer_ttl_secs: Option<u64>,
     /// Event index: most (worker, block) entries per model, pruned to 90 % (unset = no cap).
     pub kv_indexer_max_entries: Option<usize>,
+    /// Tokenizer of every model without its own entry in `models`: a HF `tokenizer.json`, or
+    /// a directory with it and `tokenizer_config.json`. Set → token-mode routing (issue 4).
+    pub tokenizer: Option<std::path::PathBuf>,
+    /// Tokenizer per model name (`--model NAME=PATH`; TOML table `[models]`). A request's
+    /// `model` is looked up as is, then without a `:adapter` suffix, then falls back to
+    /// `tokenizer`.
+    pub models: std::collections::BTreeMap<String, std::path::PathBuf>,
+    /// Per-shard prefix cache of incremental tokenization, tokens
+    /// ([`defaults::TOKENIZE_CACHE_TOKENS`]; 0 = off).
+    pub tokenize_cache_tokens: usize,
     /// Largest request body, bytes ([`defaults::MAX_BODY_BYTES`]).
     pub max_body_bytes: usize,
     /// Time allowed per exchange with a worker, s ([`defaults::REQUEST_TIMEOUT_SECS`]).
@@ -122,6 +132,9 @@ impl Default for Config {
             cache_ttl_secs: defaults::CACHE_TTL_SECS,
             kv_indexer_ttl_secs: None,
             kv_indexer_max_entries: None,
+            tokenizer: None,
+            models: Default::default(),
+            tokenize_cache_tokens: defaults::TOKENIZE_CACHE_TOKENS,
             max_body_bytes: defaults::MAX_BODY_BYTES,
             request_timeout_secs: defaults::REQUEST_TIMEOUT_SECS,
             upstream_idle_timeout_ms: defaults::UPSTREAM_IDLE_TIMEOUT_MS,

@@ -1,0 +1,436 @@
+//! Token ids for routing: where they come from, and the per-shard tokenizers that make them.
+//!
+//! Order (issue 4, as SMG's token tree, anchors.md §2.1):
+//! 1. the body's ids — `input_ids` of `/generate` (first of a batch) or a token-id `prompt` of
+//!    `/v1/completions` — set by [`route_key`](crate::route_key::route_key);
+//! 2. the `x-kvroute-routing-tokens` header: comma-separated decimal ids, at most
+//!    [`MAX_HEADER_IDS`] ids and [`MAX_HEADER_BYTES`] bytes; malformed or oversized → ignored
+//!    (and counted), never an error;
+//! 3. the prompt as the engine sees it: chat bodies rendered with the model's chat template,
+//!    completions `prompt` / generate `text` as is, then tokenized — incrementally, so a new
+//!    turn of a long conversation costs only its new messages.
+//!
+//! Without a tokenizer for the request's model, step 3 is skipped and routing stays in text
+//! mode. [`Tokenizers`] is loaded once at start-up and shared; each shard turns it into its
+//! own [`ShardTokenizers`] (deep copies of the HF models plus a prefix cache), so no lock or
+//! cache is shared between cores.
+
+use crate::CoreError;
+use crate::config::Config;
+use crate::route_key::{Endpoint, RouteKey, TokenSource};
+use kvroute_tokenize::{IncrementalTokenizer, TokenizeError, Tokenizer};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Name of the header carrying routing token ids (SMG: `x-smg-routing-tokens`).
+pub const ROUTING_TOKENS_HEADER: &str = "x-kvroute-routing-tokens";
+/// Most ids accepted in [`ROUTING_TOKENS_HEADER`]. Source: SMG (anchors.md §2.1).
+pub const MAX_HEADER_IDS: usize = 512;
+/// Longest [`ROUTING_TOKENS_HEADER`] value accepted, bytes. Source: SMG (anchors.md §2.1).
+pub const MAX_HEADER_BYTES: usize = 4096;
+
+/// Why a [`ROUTING_TOKENS_HEADER`] value was ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderRejection {
+    /// Longer than [`MAX_HEADER_BYTES`].
+    TooLong,
+    /// More than [`MAX_HEADER_IDS`] ids.
+    TooMany,
+    /// Empty, an empty item, or an item that is not a decimal u32 (spaces around items are
+    /// allowed).
+    Malformed,
+}
+
+impl HeaderRejection {
+    /// Metric label: `too_long`, `too_many`, `malformed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeaderRejection::TooLong => "too_long",
+            HeaderRejection::TooMany => "too_many",
+            HeaderRejection::Malformed => "malformed",
+        }
+    }
+}
+
+/// Parses a [`ROUTING_TOKENS_HEADER`] value: `"1, 2,3"` → `[1, 2, 3]`.
+///
+/// # Errors
+/// [`HeaderRejection::TooLong`] above [`MAX_HEADER_BYTES`] bytes;
+/// [`HeaderRejection::TooMany`] above [`MAX_HEADER_IDS`] ids; [`HeaderRejection::Malformed`]
+/// for an empty value or item, or an item that is not a decimal number in 0..=u32::MAX.
+pub fn parse_routing_tokens(value: &[u8]) -> Result<Vec<u32>, HeaderRejection> {
+    if value.len() > MAX_HEADER_BYTES {
+        return Err(HeaderRejection::TooLong);
+    }
+    let text = std::str::from_utf8(value).map_err(|_| HeaderRejection::Malformed)?;
+    let mut ids = Vec::new();
+    for item in text.split(',') {
+        let item = item.trim_matches([' ', '\t']);
+        if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(HeaderRejection::Malformed);
+        }
+        if ids.len() == MAX_HEADER_IDS {
+            return Err(HeaderRejection::TooMany);
+        }
+        ids.push(item.parse().map_err(|_| HeaderRejection::Malformed)?);
+    }
+    Ok(ids)
+}
+
+/// The configured tokenizers, loaded once at start-up: `Send + Sync`, shared by all shards.
+#[derive(Debug, Clone, Default)]
+pub struct Tokenizers {
+    default: Option<Tokenizer>,
+    by_model: Vec<(String, Tokenizer)>,
+    cache_tokens: usize,
+}
+
+impl Tokenizers {
+    /// Loads `cfg.tokenizer` and every `cfg.models` entry (files only; no network). Empty when
+    /// neither is set (text-mode routing).
+    ///
+    /// # Errors
+    /// [`CoreError::Tokenizer`] naming the model (`*` for `tokenizer`) and path whose files
+    /// are missing, unreadable or invalid, or whose chat template does not compile.
+    pub fn load(cfg: &Config) -> Result<Self, CoreError> {
+        let load = |model: &str, path: &Path| {
+            Tokenizer::from_path(path).map_err(|e| CoreError::Tokenizer {
+                model: model.to_string(),
+                path: path.display().to_string(),
+                message: e.to_string(),
+            })
+        };
+        let default = cfg.tokenizer.as_deref().map(|p| load("*", p)).transpose()?;
+        let by_model = cfg
+            .models
+            .iter()
+            .map(|(m, p)| Ok((m.clone(), load(m, p)?)))
+            .collect::<Result<_, CoreError>>()?;
+        Ok(Self {
+            default,
+            by_model,
+            cache_tokens: cfg.tokenize_cache_tokens,
+        })
+    }
+
+    /// Already-loaded tokenizers: `default` for any model, `by_model` for named ones; each
+    /// shard caches up to `cache_tokens` prefix tokens.
+    pub fn new(
+        default: Option<Tokenizer>,
+        by_model: Vec<(String, Tokenizer)>,
+        cache_tokens: usize,
+    ) -> Self {
+        Self {
+            default,
+            by_model,
+            cache_tokens,
+        }
+    }
+
+    /// True when no tokenizer is configured (text-mode routing for every model).
+    pub fn is_empty(&self) -> bool {
+        self.default.is_none() && self.by_model.is_empty()
+    }
+
+    /// One shard's tokenizers: deep copies (see [`Tokenizer::for_shard`]) with empty prefix
+    /// caches. Call once per shard, on its thread.
+    pub fn for_shard(&self) -> ShardTokenizers {
+        let inc = |t: &Tokenizer| IncrementalTokenizer::new(t.for_shard(), self.cache_tokens);
+        ShardTokenizers {
+            default: self.default.as_ref().map(inc),
+            by_model: self
+                .by_model
+                .iter()
+                .map(|(m, t)| (m.clone(), inc(t)))
+                .collect(),
+        }
+    }
+}
+
+/// What [`ShardTokenizers::attach`] did besides filling the key.
+#[derive(Debug, Default)]
+pub struct Attached {
+    /// The header was present but ignored, and why.
+    pub header_rejected: Option<HeaderRejection>,
+    /// Prompt tokens taken from the prefix cache (source `prompt` only).
+    pub reused_tokens: usize,
+    /// Rendering or tokenizing the prompt failed; the key stays in text mode. The engine
+    /// will judge the request itself.
+    pub prompt_error: Option<TokenizeError>,
+}
+
+/// One shard's tokenizers and prefix caches. Not shared: lives in the shard's runtime.
+#[derive(Debug)]
+pub struct ShardTokenizers {
+    default: Option<IncrementalTokenizer>,
+    by_model: HashMap<String, IncrementalTokenizer>,
+}
+
+impl ShardTokenizers {
+    /// The tokenizer for `model`: by exact name, then without a `:adapter` suffix, then the
+    /// default.
+    pub fn for_model(&mut self, model: &str) -> Option<&mut IncrementalTokenizer> {
+        let name = if self.by_model.contains_key(model) {
+            Some(model)
+        } else {
+            model
+                .split_once(':')
+                .map(|(base, _)| base)
+                .filter(|b| self.by_model.contains_key(*b))
+        };
+        match name {
+            Some(n) => self.by_model.get_mut(n),
+            None => self.default.as_mut(),
+        }
+    }
+
+    /// Fills `key.input_ids` and `key.token_source` from, in order, the body's ids (already
+    /// in `key`), the routing-tokens `header` value, or the prompt of `body` rendered and
+    /// tokenized with the model's tokenizer (prefix cache keyed by `key.namespace`).
+    /// Leaves the key in text mode when none applies.
+    pub fn attach(
+        &mut self,
+        endpoint: Endpoint,
+        body: &[u8],
+        header: Option<&[u8]>,
+        key: &mut RouteKey,
+    ) -> Attached {
+        let mut out = Attached::default();
+        if key.input_ids.is_some() {
+            key.token_source = TokenSource::Body;
+            return out;
+        }
+        if let Some(value) = header {
+            match parse_routing_tokens(value) {
+                Ok(ids) => {
+                    key.input_ids = Some(ids);
+                    key.token_source = TokenSource::Header;
+                    return out;
+                }
+                Err(why) => out.header_rejected = Some(why),
+            }
+        }
+        let Some(inc) = self.for_model(&key.model) else {
+            return out;
+        };
+        let text = match endpoint {
+            Endpoint::ChatCompletions => match inc.tokenizer().render_chat_body(body) {
+                Ok(t) => t,
+                Err(e) => {
+                    out.prompt_error = Some(e);
+                    return out;
+                }
+            },
+            Endpoint::Completions | Endpoint::Generate => key.text.clone(),
+        };
+        match inc.encode(&text, key.namespace) {
+            Ok(enc) if !enc.ids.is_empty() => {
+                out.reused_tokens = enc.reused_tokens;
+                key.input_ids = Some(enc.ids);
+                key.token_source = TokenSource::Prompt;
+            }
+            Ok(_) => {}
+            Err(e) => out.prompt_error = Some(e),
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route_key::route_key;
+    use std::sync::OnceLock;
+
+    fn qwen() -> &'static Tokenizer {
+        static T: OnceLock<Tokenizer> = OnceLock::new();
+        T.get_or_init(|| Tokenizer::qwen3().unwrap())
+    }
+
+    fn shard(models: &[&str]) -> ShardTokenizers {
+        let by_model = models
+            .iter()
+            .map(|m| (m.to_string(), qwen().clone()))
+            .collect();
+        Tokenizers::new(None, by_model, 1 << 20).for_shard()
+    }
+
+    fn attach(
+        s: &mut ShardTokenizers,
+        ep: Endpoint,
+        body: &str,
+        header: Option<&str>,
+    ) -> (RouteKey, Attached) {
+        let mut key = route_key(ep, body.as_bytes()).unwrap();
+        let a = s.attach(ep, body.as_bytes(), header.map(str::as_bytes), &mut key);
+        (key, a)
+    }
+
+    #[test]
+    fn header_values() {
+        assert_eq!(parse_routing_tokens(b"1,2,3"), Ok(vec![1, 2, 3]));
+        assert_eq!(
+            parse_routing_tokens(b" 7 , 4294967295"),
+            Ok(vec![7, u32::MAX])
+        );
+        for bad in [
+            "",
+            "1,,2",
+            "1,-2",
+            "a",
+            "1.5",
+            "4294967296",
+            "1;2",
+            "+1",
+            "1,",
+        ] {
+            assert_eq!(
+                parse_routing_tokens(bad.as_bytes()),
+                Err(HeaderRejection::Malformed),
+                "{bad:?}"
+            );
+        }
+        let many = vec!["1"; MAX_HEADER_IDS + 1].join(",");
+        assert_eq!(
+            parse_routing_tokens(many.as_bytes()),
+            Err(HeaderRejection::TooMany)
+        );
+        let ok = vec!["1"; MAX_HEADER_IDS].join(",");
+        assert_eq!(parse_routing_tokens(ok.as_bytes()).unwrap().len(), 512);
+        let long = format!("1,{}", "0".repeat(MAX_HEADER_BYTES));
+        assert_eq!(
+            parse_routing_tokens(long.as_bytes()),
+            Err(HeaderRejection::TooLong)
+        );
+    }
+
+    /// Order: body ids, then a valid header, then the tokenized prompt.
+    #[test]
+    fn sources_in_order() {
+        let mut s = shard(&["qwen3"]);
+        let (k, _) = attach(
+            &mut s,
+            Endpoint::Generate,
+            r#"{"model":"qwen3","text":"hello","input_ids":[5,6]}"#,
+            Some("1,2"),
+        );
+        assert_eq!(
+            (k.input_ids, k.token_source),
+            (Some(vec![5, 6]), TokenSource::Body)
+        );
+        let (k, _) = attach(
+            &mut s,
+            Endpoint::Generate,
+            r#"{"model":"qwen3","text":"hello"}"#,
+            Some("1,2"),
+        );
+        assert_eq!(
+            (k.input_ids, k.token_source),
+            (Some(vec![1, 2]), TokenSource::Header)
+        );
+        let (k, a) = attach(
+            &mut s,
+            Endpoint::Generate,
+            r#"{"model":"qwen3","text":"hello"}"#,
+            Some("1,x"),
+        );
+        assert_eq!(a.header_rejected, Some(HeaderRejection::Malformed));
+        assert_eq!(
+            (k.input_ids, k.token_source),
+            (Some(vec![14990]), TokenSource::Prompt)
+        );
+        let (k, _) = attach(
+            &mut s,
+            Endpoint::Completions,
+            r#"{"model":"qwen3:lora-a","prompt":"Hello, world!"}"#,
+            None,
+        );
+        assert_eq!(k.input_ids, Some(vec![9707, 11, 1879, 0]));
+    }
+
+    /// traces.md §3: a chat with one user message is `[151644, 872, 198] ++ text ++
+    /// [151645, 198, 151644, 77091, 198]`, as the engine computes it.
+    #[test]
+    fn chat_prompt_is_rendered_and_tokenized() {
+        let mut s = shard(&["qwen3"]);
+        let text = " sticky finder vic quieter tendency adultos compuls purely";
+        let body =
+            serde_json::json!({"model": "qwen3", "messages": [{"role": "user", "content": text}]})
+                .to_string();
+        let (k, a) = attach(&mut s, Endpoint::ChatCompletions, &body, None);
+        let mut want = vec![151644, 872, 198];
+        want.extend([27402, 43730, 31431, 89745, 30854, 88631, 47106, 31127]);
+        want.extend([151645, 198, 151644, 77091, 198]);
+        assert_eq!(k.input_ids, Some(want));
+        assert_eq!((k.token_source, a.reused_tokens), (TokenSource::Prompt, 0));
+        // The text key is still there for text-mode consumers.
+        assert_eq!(k.text, format!("<|user|>{text}"));
+    }
+
+    #[test]
+    fn unknown_model_stays_in_text_mode() {
+        let mut s = shard(&["qwen3"]);
+        let (k, a) = attach(
+            &mut s,
+            Endpoint::Generate,
+            r#"{"model":"llama","text":"hello"}"#,
+            None,
+        );
+        assert_eq!((k.input_ids, k.token_source), (None, TokenSource::None));
+        assert!(a.prompt_error.is_none());
+        let mut empty = Tokenizers::default().for_shard();
+        assert!(Tokenizers::default().is_empty());
+        let (k, _) = attach(
+            &mut empty,
+            Endpoint::ChatCompletions,
+            r#"{"messages":[{"role":"user","content":"x"}]}"#,
+            None,
+        );
+        assert_eq!(k.input_ids, None);
+    }
+
+    #[test]
+    fn load_names_the_failing_model() {
+        let mut cfg = Config::default();
+        cfg.models
+            .insert("m1".into(), std::path::PathBuf::from("/nonexistent/tok"));
+        let err = Tokenizers::load(&cfg).unwrap_err();
+        assert!(
+            matches!(&err, CoreError::Tokenizer { model, .. } if model == "m1"),
+            "{err}"
+        );
+        assert!(Tokenizers::load(&Config::default()).unwrap().is_empty());
+        let cfg = Config::from_toml_str(
+            "tokenizer = \"../shared/data/tokenizers/qwen3\"\n[models]\nq = \"../shared/data/tokenizers/qwen3/tokenizer.json\"\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.models.len(), 1);
+        let t = Tokenizers::load(&Config {
+            tokenizer: cfg.tokenizer.map(|p| Path::new("..").join(p)),
+            models: cfg
+                .models
+                .into_iter()
+                .map(|(m, p)| (m, Path::new("..").join(p)))
+                .collect(),
+            ..Config::default()
+        })
+        .unwrap();
+        let mut s = t.for_shard();
+        assert!(s.for_model("q").is_some() && s.for_model("other").is_some());
+    }
+
+    /// Second turn of a chat reuses the first turn's prefix from the shard cache.
+    #[test]
+    fn second_turn_reuses_prefix() {
+        let mut s = shard(&["qwen3"]);
+        let t1 = r#"{"model":"qwen3","messages":[{"role":"system","content":"S"},{"role":"user","content":"one"}]}"#;
+        let t2 = r#"{"model":"qwen3","messages":[{"role":"system","content":"S"},{"role":"user","content":"one"},{"role":"assistant","content":"ok"},{"role":"user","content":"two"}]}"#;
+        let (k1, _) = attach(&mut s, Endpoint::ChatCompletions, t1, None);
+        let (k2, a2) = attach(&mut s, Endpoint::ChatCompletions, t2, None);
+        let (ids1, ids2) = (k1.input_ids.unwrap(), k2.input_ids.unwrap());
+        assert_eq!(a2.reused_tokens, ids1.len() - 3);
+        assert_eq!(ids2[..ids1.len() - 3], ids1[..ids1.len() - 3]);
+        let full = qwen().encode(&qwen().render_chat_body(t2.as_bytes()).unwrap());
+        assert_eq!(ids2, full);
+    }
+}
