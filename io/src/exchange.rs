@@ -11,6 +11,8 @@ use crate::relay::{self, RelayEnd};
 use crate::shard::Shared;
 use crate::upstream::{self, Pool};
 use kvroute_core::route_key::{Endpoint, RouteKey, route_key};
+use kvroute_core::tokens::{ROUTING_TOKENS_HEADER, ShardTokenizers};
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +21,12 @@ use std::time::{Duration, Instant};
 pub const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 
 /// Serves one client connection until it closes, errs, or asks to close.
-pub async fn serve_connection(shared: Arc<Shared>, pool: Rc<Pool>, stream: monoio::net::TcpStream) {
+pub async fn serve_connection(
+    shared: Arc<Shared>,
+    pool: Rc<Pool>,
+    tokens: Rc<RefCell<ShardTokenizers>>,
+    stream: monoio::net::TcpStream,
+) {
     let mut client = Conn::new(stream);
     loop {
         let head = match read_head(&mut client, shared.settings.max_head_bytes).await {
@@ -44,7 +51,7 @@ pub async fn serve_connection(shared: Arc<Shared>, pool: Rc<Pool>, stream: monoi
                 return;
             }
         };
-        let keep = dispatch(&shared, &pool, &mut client, &head, body).await;
+        let keep = dispatch(&shared, &pool, &tokens, &mut client, &head, body).await;
         if !keep {
             return;
         }
@@ -196,6 +203,7 @@ fn endpoint_path(endpoint: Endpoint) -> &'static str {
 async fn dispatch(
     shared: &Arc<Shared>,
     pool: &Pool,
+    tokens: &RefCell<ShardTokenizers>,
     client: &mut Conn,
     head: &RequestHead,
     body: Vec<u8>,
@@ -236,7 +244,8 @@ async fn dispatch(
             .await
         }
         Route::Infer(endpoint) => match route_key(endpoint, &body) {
-            Ok(key) => {
+            Ok(mut key) => {
+                attach_tokens(shared, tokens, endpoint, head, &body, &mut key);
                 proxy(
                     shared,
                     pool,
@@ -271,6 +280,42 @@ async fn dispatch(
             let msg = format!("no route for {} {}", head.method, head.path());
             respond(client, 404, "application/json", error_body(404, &msg), keep).await
         }
+    }
+}
+
+/// The "tokenize" step (style.md): token ids from the body, the `x-kvroute-routing-tokens`
+/// header, or this shard's tokenizer (see `kvroute_core::tokens`). Never fails the request:
+/// an ignored header or a prompt the template cannot render is counted and routing stays in
+/// text mode.
+fn attach_tokens(
+    shared: &Shared,
+    tokens: &RefCell<ShardTokenizers>,
+    endpoint: Endpoint,
+    head: &RequestHead,
+    body: &[u8],
+    key: &mut RouteKey,
+) {
+    let header = head
+        .headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(ROUTING_TOKENS_HEADER))
+        .map(|(_, value)| value.as_slice());
+    let attached = tokens.borrow_mut().attach(endpoint, body, header, key);
+    if let Some(why) = attached.header_rejected {
+        shared.metrics.on_routing_tokens_rejected(why.as_str());
+    }
+    if let Some(e) = &attached.prompt_error {
+        tracing::debug!(model = %key.model, error = %e, "prompt not tokenized; text mode");
+    }
+    shared.metrics.on_token_source(
+        key.token_source.as_str(),
+        attached.reused_tokens,
+        key.input_ids.as_ref().map_or(0, Vec::len),
+    );
+    if let Some(tap) = shared.key_tap.get()
+        && let Ok(mut keys) = tap.lock()
+    {
+        keys.push(key.clone());
     }
 }
 

@@ -5,6 +5,7 @@ use crate::shard::{self, Server, Settings, Shared};
 use kvroute_core::config::{Config, defaults};
 use kvroute_core::metrics::Metrics;
 use kvroute_core::policy::Router;
+use kvroute_core::tokens::Tokenizers;
 use kvroute_core::workers::Workers;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,8 +13,8 @@ use std::time::Duration;
 /// Starts `kvroute serve` with `cfg`.
 ///
 /// # Errors
-/// An invalid config (named field), a worker host that does not resolve, or a listen address
-/// that cannot be bound.
+/// An invalid config (named field), a tokenizer that cannot be loaded, a worker host that does
+/// not resolve, or a listen address that cannot be bound.
 pub fn start(cfg: Config, force_epoll: bool) -> anyhow::Result<Server> {
     let cfg = cfg.validate()?;
     let workers = Arc::new(Workers::new(&cfg.workers)?);
@@ -35,6 +36,7 @@ pub fn start(cfg: Config, force_epoll: bool) -> anyhow::Result<Server> {
         force_epoll,
     };
     let router = Router::new(&cfg);
+    let tokenizers = Tokenizers::load(&cfg)?;
     let shared = Shared {
         settings,
         policy_name: cfg.policy.as_str(),
@@ -42,10 +44,13 @@ pub fn start(cfg: Config, force_epoll: bool) -> anyhow::Result<Server> {
         targets,
         router,
         metrics: Metrics::new(),
+        tokenizers,
+        key_tap: Default::default(),
     };
     tracing::info!(
         policy = shared.policy_name,
         workers = shared.targets.len(),
+        token_mode = !shared.tokenizers.is_empty(),
         "gateway configured"
     );
     Ok(shard::start(shared)?)

@@ -85,6 +85,16 @@ struct ServeArgs {
     /// Per-model string tree budget, chars.
     #[arg(long = "max-tree-size")]
     max_tree_size_chars: Option<usize>,
+    /// Tokenizer for token-mode routing of every model: a HF tokenizer.json, or a directory
+    /// with it and tokenizer_config.json (chat template). Loaded once; no network.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Tokenizer of one model, NAME=PATH (repeatable); wins over --tokenizer for that model.
+    #[arg(long = "model", value_name = "NAME=PATH")]
+    models: Vec<String>,
+    /// Per-shard incremental-tokenization prefix cache, tokens (0 = off).
+    #[arg(long)]
+    tokenize_cache_tokens: Option<usize>,
     /// Largest request body, bytes (413 above).
     #[arg(long)]
     max_body_bytes: Option<usize>,
@@ -136,6 +146,19 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_tree_size_chars {
             cfg.max_tree_size_chars = v;
+        }
+        if let Some(v) = self.tokenizer {
+            cfg.tokenizer = Some(v);
+        }
+        for m in self.models {
+            let (name, path) = m
+                .split_once('=')
+                .filter(|(n, p)| !n.is_empty() && !p.is_empty())
+                .ok_or_else(|| anyhow::anyhow!("--model {m:?}: expected NAME=PATH"))?;
+            cfg.models.insert(name.to_string(), PathBuf::from(path));
+        }
+        if let Some(v) = self.tokenize_cache_tokens {
+            cfg.tokenize_cache_tokens = v;
         }
         if let Some(v) = self.max_body_bytes {
             cfg.max_body_bytes = v;

@@ -3,17 +3,22 @@
 //! lives on one shard for its whole life.
 //!
 //! Shards share only [`Shared`] (config, worker registry with atomic in-flight counts, the
-//! router's indexes, metrics). Each shard owns its upstream [`Pool`].
+//! router's indexes, metrics, the tokenizers as loaded). Each shard owns its upstream [`Pool`]
+//! and its [`ShardTokenizers`] (own copies of the tokenizers and an incremental-tokenization
+//! prefix cache), made on the shard's thread.
 
 use crate::exchange;
 use crate::upstream::{Pool, Target};
 use kvroute_core::metrics::Metrics;
 use kvroute_core::policy::Router;
+use kvroute_core::route_key::RouteKey;
+use kvroute_core::tokens::{ShardTokenizers, Tokenizers};
 use kvroute_core::workers::Workers;
+use std::cell::RefCell;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::rc::Rc;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -52,6 +57,11 @@ pub struct Shared {
     pub metrics: Metrics,
     /// The policy's name, for metric labels.
     pub policy_name: &'static str,
+    /// Tokenizers loaded at start-up (empty: text-mode routing); each shard copies them once.
+    pub tokenizers: Tokenizers,
+    /// Test hook: once set, every routed request's final [`RouteKey`] (after tokenization) is
+    /// appended here. Unset in production: one atomic load per request.
+    pub key_tap: OnceLock<Mutex<Vec<RouteKey>>>,
 }
 
 /// A running gateway: its address and shard threads.
@@ -231,6 +241,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Arc<A
         shared.settings.upstream_idle_timeout,
         shared.settings.connect_timeout,
     ));
+    let tokens: Rc<RefCell<ShardTokenizers>> = Rc::new(RefCell::new(shared.tokenizers.for_shard()));
     loop {
         let accepted = listener.accept().await;
         if shutdown.load(Ordering::SeqCst) {
@@ -241,6 +252,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Arc<A
                 monoio::spawn(exchange::serve_connection(
                     shared.clone(),
                     pool.clone(),
+                    tokens.clone(),
                     stream,
                 ));
             }
