@@ -72,3 +72,38 @@ impl Conn {
         (res.map(|_| ()), data)
     }
 }
+
+/// Resolves once the peer of `stream` has gone (EOF or reset), so a request can be cancelled
+/// while kvroute waits on the worker (bug-cases.md B41). Never resolves once the peer sends
+/// data (a pipelined request): those bytes stay unread for the next exchange.
+pub async fn peer_gone(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    loop {
+        if stream.readable(false).await.is_err() {
+            return;
+        }
+        let mut byte = 0u8;
+        // Safety: `byte` is a valid 1-byte buffer for the duration of the call; MSG_PEEK
+        // leaves any data in the socket.
+        let n = unsafe {
+            libc::recv(
+                stream.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        match n {
+            0 => return,
+            n if n > 0 => return std::future::pending().await,
+            _ => {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::WouldBlock
+                    && err.kind() != io::ErrorKind::Interrupted
+                {
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -335,14 +335,15 @@ async fn proxy(
     shared
         .metrics
         .on_decision(shared.policy_name, decision.reason.as_str());
-    // Counted before the request leaves (B1); released exactly once when `_guard` drops.
-    let _guard = shared.workers.acquire(decision.worker);
+    // Counted before the request leaves (B1); released exactly once when `guard` drops: at the
+    // end of the relay, on an upstream error, or when the client leaves (any early return).
+    let guard = shared.workers.acquire(decision.worker);
     let target = &shared.targets[decision.worker];
     let request = upstream::build_request(head, &body, target);
     drop(body);
     let timeout = shared.settings.request_timeout;
     let deadline = started + timeout;
-    let sent = upstream::send(
+    let send = upstream::send(
         pool,
         target,
         &head.method,
@@ -350,11 +351,21 @@ async fn proxy(
         deadline,
         timeout.as_secs(),
         shared.settings.max_head_bytes,
-    )
-    .await;
+    );
+    // A client that leaves while the worker prefills cancels the request: dropping `send`
+    // closes the worker connection, and the engine aborts (B41).
+    let sent = monoio::select! {
+        sent = send => sent,
+        _ = crate::conn::peer_gone(&client.stream) => {
+            shared.metrics.on_upstream_error(&target.url, "client_gone");
+            return false;
+        }
+    };
     let (mut upstream_conn, response) = match sent {
         Ok(ok) => ok,
         Err(err) => {
+            // The worker is done with this request before the client hears of it.
+            drop(guard);
             tracing::warn!(worker = %target.url, error = %err, "upstream failed");
             shared.metrics.on_upstream_error(&target.url, err.kind());
             shared.metrics.on_response(
@@ -375,6 +386,7 @@ async fn proxy(
         deadline,
     )
     .await;
+    drop(guard);
     shared.metrics.on_response(
         route,
         response.status,

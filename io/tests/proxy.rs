@@ -422,3 +422,130 @@ fn keep_alive_reuses_client_and_upstream_connections() {
     }
     gw.shutdown();
 }
+
+/// A worker that answers every request with a small JSON body and keeps the connection open
+/// for `idle` before closing it (a shorter keep-alive than the gateway's pool timeout).
+fn short_keepalive_worker(
+    idle: Duration,
+    answers: usize,
+) -> (SocketAddr, std::thread::JoinHandle<usize>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let h = std::thread::spawn(move || {
+        let mut served = 0;
+        let mut conns = 0;
+        while served < answers && conns < 2 * answers {
+            let (mut s, _) = l.accept().unwrap();
+            conns += 1;
+            s.set_read_timeout(Some(idle)).unwrap();
+            let mut buf = Vec::new();
+            let mut tmp = [0u8; 4096];
+            loop {
+                // One request: head + content-length body.
+                let Some(end) = find(&buf, b"\r\n\r\n") else {
+                    match s.read(&mut tmp) {
+                        Ok(n) if n > 0 => {
+                            buf.extend_from_slice(&tmp[..n]);
+                            continue;
+                        }
+                        _ => break, // idle timeout or close: drop the connection
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                while buf.len() < end + 4 + len {
+                    let n = s.read(&mut tmp).unwrap();
+                    buf.extend_from_slice(&tmp[..n]);
+                }
+                buf.drain(..end + 4 + len);
+                let body = format!(r#"{{"served":{served}}}"#);
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                s.write_all(resp.as_bytes()).unwrap();
+                served += 1;
+            }
+        }
+        served
+    });
+    (addr, h)
+}
+
+#[test]
+fn stale_pooled_connection_is_retried_once_b42() {
+    // bug-cases.md B42 (smg-project/smg PR #2162): the worker closed an idle pooled
+    // connection; the next POST must still succeed.
+    let (addr, worker) = short_keepalive_worker(Duration::from_millis(100), 2);
+    let gw = gateway_for(
+        vec![format!("http://{addr}")],
+        PolicyKind::RoundRobin,
+        |c| c.shards = Some(1),
+    );
+    let r1 = post(
+        gw.local_addr(),
+        "/v1/completions",
+        &json!({"prompt": "one"}),
+    );
+    assert_eq!((r1.status, r1.json()["served"].as_u64()), (200, Some(0)));
+    std::thread::sleep(Duration::from_millis(300)); // the worker closes its side meanwhile
+    let r2 = post(
+        gw.local_addr(),
+        "/v1/completions",
+        &json!({"prompt": "two"}),
+    );
+    assert_eq!(
+        (r2.status, r2.json()["served"].as_u64()),
+        (200, Some(1)),
+        "{}",
+        r2.text()
+    );
+    assert_eq!(worker.join().unwrap(), 2);
+    gw.shutdown();
+}
+
+#[test]
+fn client_leaving_before_the_response_head_cancels_the_upstream_request_b41() {
+    // bug-cases.md B41: the client goes away before the response head; the engine must
+    // stop. A non-streaming request gets its head only at the end, so the gateway is still
+    // waiting on the worker when the client leaves. 20x slower than the timing model: the
+    // 2k-token prefill takes ≈ 1 s and each of the 50 decode steps ≈ 115 ms.
+    let eng = engine_with(0.05, 1);
+    let gw = gateway_for(vec![url_of(&eng)], PolicyKind::LeastRequest, |_| {});
+    let body = serde_json::to_vec(&chat(&"word ".repeat(2000), false, 50)).unwrap();
+    let mut s = TcpStream::connect(gw.local_addr()).unwrap();
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    s.write_all(&body).unwrap();
+    let running = || {
+        metric(
+            &get(eng.addr, "/metrics").text(),
+            "vllm:num_requests_running",
+        )
+        .unwrap_or(-1.0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(3), || running() == 1.0),
+        "request admitted"
+    );
+    drop(s);
+    assert!(
+        wait_until(Duration::from_millis(500), || running() == 0.0),
+        "engine aborted within 500 ms"
+    );
+    assert!(wait_until(Duration::from_secs(1), || gw
+        .shared()
+        .workers
+        .loads()
+        == vec![0]));
+    gw.shutdown();
+}
