@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 
 use super::defaults;
+use super::events::KvEventsConfig;
 
 /// Arguments of one simulated engine (one rank, vLLM flavour).
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +35,8 @@ pub struct EngineConfig {
     /// Idle keep-alive connections close after this many ms.
     /// Default [`defaults::KEEP_ALIVE_TIMEOUT_MS`].
     pub keep_alive_timeout_ms: u64,
+    /// KV-event publishing (PUB + replay ROUTER, `engine-model.md` §5); `None` = off.
+    pub kv_events: Option<KvEventsConfig>,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +56,7 @@ impl Default for EngineConfig {
             max_model_len: defaults::MAX_MODEL_LEN,
             seed: defaults::SEED,
             keep_alive_timeout_ms: defaults::KEEP_ALIVE_TIMEOUT_MS,
+            kv_events: None,
         }
     }
 }

@@ -5,10 +5,12 @@
 //!   a clock it is given.
 //! - [`server`]: HTTP front end (OpenAI + SGLang `/generate` + `/metrics`) on tokio/hyper that
 //!   steps an `EngineCore` in wall-clock mode. [`server::spawn`] runs one on its own thread.
+//! - [`events`]: KV events in vLLM's wire format (PUB + replay ROUTER, faults).
 //! - [`EngineConfig`]: engine arguments; defaults in [`defaults`].
 
 mod config;
 pub mod defaults;
+pub mod events;
 pub mod model;
 pub mod server;
 

@@ -15,6 +15,10 @@
 //! | `GET /v1/models`, `GET /health` | discovery, liveness |
 //! | `GET /metrics` | vLLM Prometheus gauges and counters, labels `model_name`, `engine` |
 //! | `POST /reset_prefix_cache` | drops cached blocks (409 while requests hold blocks) |
+//! | `GET /debug/cached_blocks` | JSON array of the engine hashes of every cached block (test oracle) |
+//!
+//! With [`EngineConfig::kv_events`] set, every step that changed the cache is published by an
+//! [`events::Publisher`] thread in vLLM's wire format.
 //!
 //! Output text is the filler words of [`tokens::OUTPUT_VOCAB`] (Qwen3 ids), deterministic per
 //! (seed, request id); request ids count up from 0 per server in arrival order.
@@ -43,6 +47,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::model::tokens;
 use super::model::{EngineCore, EngineError, EngineStats, TokenOut};
+use super::events::{self, PublishMsg, Publisher};
 use super::{EngineConfig, defaults};
 
 /// Largest accepted request body, in bytes (a 128 Ki-token prompt is well under 4 MiB).
@@ -60,6 +65,12 @@ type Body = UnsyncBoxBody<Bytes, Infallible>;
 pub struct EngineHandle {
     /// Address actually bound (useful with port 0).
     pub addr: SocketAddr,
+    /// Bound KV-event PUB endpoint (`tcp://127.0.0.1:PORT`) when events are on.
+    pub kv_events_endpoint: Option<String>,
+    /// Bound replay ROUTER endpoint when events and replay are on.
+    pub kv_replay_endpoint: Option<String>,
+    /// Publisher counters when events are on.
+    pub kv_stats: Option<Arc<events::PublisherStats>>,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -98,6 +109,10 @@ pub fn spawn(cfg: EngineConfig, tokenizer: Arc<Tokenizer>) -> std::io::Result<En
     let std_listener = std::net::TcpListener::bind(cfg.listen)?;
     std_listener.set_nonblocking(true)?;
     let addr = std_listener.local_addr()?;
+    let publisher = cfg.kv_events.clone().map(Publisher::start).transpose()?;
+    let kv_events_endpoint = publisher.as_ref().map(|p| p.events_endpoint.clone());
+    let kv_replay_endpoint = publisher.as_ref().and_then(|p| p.replay_endpoint.clone());
+    let kv_stats = publisher.as_ref().map(|p| p.stats.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -116,13 +131,16 @@ pub fn spawn(cfg: EngineConfig, tokenizer: Arc<Tokenizer>) -> std::io::Result<En
                 let stop = async {
                     let _ = rx.await;
                 };
-                if let Err(e) = serve_until(listener, cfg, tokenizer, stop).await {
+                if let Err(e) = serve_until(listener, cfg, tokenizer, stop, publisher).await {
                     tracing::error!(%addr, "engine stopped: {e:#}");
                 }
             });
         })?;
     Ok(EngineHandle {
         addr,
+        kv_events_endpoint,
+        kv_replay_endpoint,
+        kv_stats,
         shutdown: Some(tx),
         thread: Some(thread),
     })
@@ -133,13 +151,15 @@ pub fn spawn(cfg: EngineConfig, tokenizer: Arc<Tokenizer>) -> std::io::Result<En
 /// `cfg.keep_alive_timeout_ms` (hyper's header-read timeout, which also runs while idle).
 ///
 /// # Errors
-/// `cfg` is invalid ([`EngineError::InvalidConfig`]). Accept errors are logged and retried.
+/// `cfg` is invalid ([`EngineError::InvalidConfig`]), or its KV-event sockets cannot be
+/// bound. Accept errors are logged and retried.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     cfg: EngineConfig,
     tokenizer: Arc<Tokenizer>,
 ) -> anyhow::Result<()> {
-    serve_until(listener, cfg, tokenizer, std::future::pending()).await
+    let publisher = cfg.kv_events.clone().map(Publisher::start).transpose()?;
+    serve_until(listener, cfg, tokenizer, std::future::pending(), publisher).await
 }
 
 async fn serve_until(
@@ -147,10 +167,19 @@ async fn serve_until(
     cfg: EngineConfig,
     tokenizer: Arc<Tokenizer>,
     stop: impl Future<Output = ()>,
+    publisher: Option<Publisher>,
 ) -> anyhow::Result<()> {
     let core = EngineCore::new(&cfg)?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let driver = tokio::spawn(drive(core, rx));
+    let sink = publisher.as_ref().map(|p| EventSink {
+        tx: p.sender(),
+        restart_after_batches: cfg
+            .kv_events
+            .as_ref()
+            .and_then(|k| k.faults.restart_after_batches),
+        batches: 0,
+    });
+    let driver = tokio::spawn(drive(core, rx, sink));
     let keep_alive =
         (cfg.keep_alive_timeout_ms > 0).then(|| Duration::from_millis(cfg.keep_alive_timeout_ms));
     let shared = Arc::new(Shared {
@@ -185,7 +214,49 @@ async fn serve_until(
         });
     }
     driver.abort();
+    let _ = driver.await;
+    drop(publisher);
     Ok(())
+}
+
+/// The driver's end of the KV-event publisher.
+struct EventSink {
+    tx: std::sync::mpsc::Sender<PublishMsg>,
+    /// Fault: restart once after this many batches (done when the engine is idle).
+    restart_after_batches: Option<u64>,
+    /// Batches sent so far.
+    batches: u64,
+}
+
+impl EventSink {
+    /// Publishes one step's events (nothing for an empty step, as vLLM).
+    fn publish(&mut self, events: Vec<super::model::BlockEvent>, block_size: usize) {
+        if events.is_empty() {
+            return;
+        }
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.batches += 1;
+        let _ = self.tx.send(PublishMsg::Batch {
+            ts,
+            events,
+            block_size,
+        });
+    }
+
+    /// Runs the restart fault once it is due and the engine is idle.
+    fn maybe_restart(&mut self, core: &mut EngineCore) {
+        if self
+            .restart_after_batches
+            .is_some_and(|n| self.batches >= n)
+            && core.is_idle()
+            && core.restart_cache().is_ok()
+        {
+            self.restart_after_batches = None;
+            let _ = self.tx.send(PublishMsg::Restart);
+        }
+    }
 }
 
 /// State shared by connection tasks.
@@ -214,16 +285,26 @@ enum Command {
     Reset {
         reply: oneshot::Sender<Result<usize, EngineError>>,
     },
+    Cached {
+        reply: oneshot::Sender<Vec<u64>>,
+    },
 }
 
 /// Driver: owns the engine, applies commands, steps while there is work, sleeps the modelled
 /// time, delivers tokens. Ends when every command sender is gone.
-async fn drive(mut core: EngineCore, mut rx: mpsc::UnboundedReceiver<Command>) {
+async fn drive(
+    mut core: EngineCore,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+    mut sink: Option<EventSink>,
+) {
     let mut streams: HashMap<u64, mpsc::UnboundedSender<TokenOut>> = HashMap::new();
     let start = Instant::now();
     // Modelled time not yet slept, in ms; negative after oversleeping (bounded credit).
     let mut debt_ms = 0.0f64;
     loop {
+        if let Some(s) = sink.as_mut() {
+            s.maybe_restart(&mut core);
+        }
         if core.is_idle() {
             debt_ms = 0.0;
             match rx.recv().await {
@@ -237,7 +318,10 @@ async fn drive(mut core: EngineCore, mut rx: mpsc::UnboundedReceiver<Command>) {
         if core.is_idle() {
             continue;
         }
-        let out = core.step(start.elapsed().as_secs_f64() * 1e3);
+        let mut out = core.step(start.elapsed().as_secs_f64() * 1e3);
+        if let Some(s) = sink.as_mut() {
+            s.publish(std::mem::take(&mut out.events), core.block_size());
+        }
         debt_ms += out.duration_ms;
         if debt_ms >= defaults::MIN_SLEEP_MS {
             let t0 = Instant::now();
@@ -294,6 +378,9 @@ fn apply(
         Command::Reset { reply } => {
             let _ = reply.send(core.reset_prefix_cache());
         }
+        Command::Cached { reply } => {
+            let _ = reply.send(core.cached_hashes());
+        }
     }
 }
 
@@ -331,6 +418,15 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             match ask(&shared, |reply| Command::Reset { reply }).await {
                 Some(Ok(_)) => response(StatusCode::OK, "text/plain", Bytes::new()),
                 Some(Err(e)) => error_response(StatusCode::CONFLICT, &e.to_string()),
+                None => engine_gone(),
+            }
+        }
+        (Method::GET, "/debug/cached_blocks") => {
+            match ask(&shared, |reply| Command::Cached { reply }).await {
+                Some(mut v) => {
+                    v.sort_unstable();
+                    json_response(StatusCode::OK, &json!(v))
+                }
                 None => engine_gone(),
             }
         }

@@ -209,6 +209,16 @@ impl BlockManager {
         self.active.len() + self.inactive.len()
     }
 
+    /// Hashes of every cached full block (active and inactive), unordered: the ground truth
+    /// an event consumer's index is compared with.
+    pub fn cached_hashes(&self) -> Vec<BlockHash> {
+        self.active
+            .keys()
+            .copied()
+            .chain(self.inactive.iter_lru())
+            .collect()
+    }
+
     /// Blocks evicted since start (each produced one hash in a [`BlockEvent::Removed`]).
     pub fn evicted_total(&self) -> u64 {
         self.evicted_total

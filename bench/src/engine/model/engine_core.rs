@@ -348,6 +348,23 @@ impl EngineCore {
         Ok(n)
     }
 
+    /// Models an engine restart for the cache: drops every cached block with no event (a
+    /// restarted engine starts empty and its publisher restarts at seq 0; `engine-model.md`
+    /// §8). Returns the number of blocks dropped.
+    ///
+    /// # Errors
+    /// [`EngineError::ResetWhileBusy`] while requests hold blocks.
+    pub fn restart_cache(&mut self) -> Result<usize, EngineError> {
+        let n = self.reset_prefix_cache()?;
+        self.pending_events.retain(|e| *e != BlockEvent::AllCleared);
+        Ok(n)
+    }
+
+    /// Engine hashes of every cached full block (see [`BlockManager::cached_hashes`]).
+    pub fn cached_hashes(&self) -> Vec<u64> {
+        self.sched.blocks().cached_hashes()
+    }
+
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
