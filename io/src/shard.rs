@@ -241,6 +241,16 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Arc<A
         shared.settings.upstream_idle_timeout,
         shared.settings.connect_timeout,
     ));
+    // Close idle upstream connections once they pass the idle timeout, not only when next
+    // taken, so workers see them go after ~3 s (below their own 5 s keep-alive).
+    let sweeper = pool.clone();
+    monoio::spawn(async move {
+        let period = (sweeper.idle_timeout() / 3).max(Duration::from_millis(100));
+        loop {
+            monoio::time::sleep(period).await;
+            sweeper.sweep();
+        }
+    });
     let tokens: Rc<RefCell<ShardTokenizers>> = Rc::new(RefCell::new(shared.tokenizers.for_shard()));
     loop {
         let accepted = listener.accept().await;

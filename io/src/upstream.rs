@@ -68,6 +68,18 @@ impl Pool {
         list.push((conn, Instant::now()));
     }
 
+    /// Closes every idle connection older than the idle timeout.
+    pub fn sweep(&self) {
+        for list in self.idle.borrow_mut().iter_mut() {
+            list.retain(|(_, since)| since.elapsed() < self.idle_timeout);
+        }
+    }
+
+    /// The idle timeout: older idle connections are closed, never reused.
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
+    }
+
     /// Idle connections held for `worker` (for tests and metrics).
     pub fn idle_count(&self, worker: usize) -> usize {
         self.idle.borrow()[worker].len()

@@ -549,3 +549,30 @@ fn client_leaving_before_the_response_head_cancels_the_upstream_request_b41() {
         == vec![0]));
     gw.shutdown();
 }
+
+#[test]
+fn idle_upstream_connections_are_closed_after_the_idle_timeout() {
+    // The worker would keep the connection 5 s; the gateway's pool must close it first.
+    let (addr, worker) = short_keepalive_worker(Duration::from_secs(5), 1);
+    let gw = gateway_for(
+        vec![format!("http://{addr}")],
+        PolicyKind::RoundRobin,
+        |c| {
+            c.shards = Some(1);
+            c.upstream_idle_timeout_ms = 200;
+        },
+    );
+    let t0 = std::time::Instant::now();
+    assert_eq!(
+        post(gw.local_addr(), "/v1/completions", &json!({"prompt": "x"})).status,
+        200
+    );
+    // The worker thread ends when its connection is closed by the gateway.
+    assert_eq!(worker.join().unwrap(), 1);
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "closed after {:?}",
+        t0.elapsed()
+    );
+    gw.shutdown();
+}
