@@ -186,21 +186,11 @@ fn cache_aware_keeps_a_conversation_and_misses_on_a_shared_system_prompt() {
     }
     // Hold a long stream open on w1 so the loads differ: a miss must go to the other worker,
     // while a (wrong) hit on the shared system prompt would stay on w1 (not hot: 1 < 64).
-    let mut holder = TcpStream::connect(addr).unwrap();
     let long = serde_json::to_vec(&json!({"model": "m", "max_tokens": 2000, "stream": true, "messages": [
         {"role": "system", "content": system}, {"role": "user", "content": user1},
         {"role": "assistant", "content": "x"}, {"role": "user", "content": "Write a long essay."}]}))
     .unwrap();
-    holder
-        .write_all(
-            format!(
-                "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
-                long.len()
-            )
-            .as_bytes(),
-        )
-        .unwrap();
-    holder.write_all(&long).unwrap();
+    let mut holder = open_post(addr, "/v1/chat/completions", &long);
     let mut first = [0u8; 64];
     let _ = holder.read(&mut first).unwrap();
     let w1_id = if w1.ends_with(&engines[0].addr.port().to_string()) {
@@ -251,17 +241,7 @@ fn client_disconnect_mid_stream_releases_load_and_closes_upstream() {
     let gw = gateway_for(vec![url_of(&eng)], PolicyKind::LeastRequest, |_| {});
     let body =
         serde_json::to_vec(&chat("stream me a very long answer please", true, 5000)).unwrap();
-    let mut s = TcpStream::connect(gw.local_addr()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(
-        format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    s.write_all(&body).unwrap();
+    let mut s = open_post(gw.local_addr(), "/v1/chat/completions", &body);
     // Read until at least two SSE events arrived: the stream is live.
     let mut got = Vec::new();
     let mut tmp = [0u8; 4096];
@@ -516,16 +496,7 @@ fn client_leaving_before_the_response_head_cancels_the_upstream_request_b41() {
     let eng = engine_with(0.05, 1);
     let gw = gateway_for(vec![url_of(&eng)], PolicyKind::LeastRequest, |_| {});
     let body = serde_json::to_vec(&chat(&"word ".repeat(2000), false, 50)).unwrap();
-    let mut s = TcpStream::connect(gw.local_addr()).unwrap();
-    s.write_all(
-        format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    s.write_all(&body).unwrap();
+    let mut s = open_post(gw.local_addr(), "/v1/chat/completions", &body);
     let running = || {
         metric(
             &get(eng.addr, "/metrics").text(),

@@ -54,6 +54,20 @@ pub fn get(addr: SocketAddr, path: &str) -> Response {
     )
 }
 
+/// Opens a connection and sends `POST path` with `body`, leaving the response unread (for
+/// streams the test reads or drops itself). Read timeout 10 s.
+pub fn open_post(addr: SocketAddr, path: &str, body: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("write head");
+    s.write_all(body).expect("write body");
+    s
+}
+
 /// Sends `raw` on a new connection and reads one response (bounded: 30 s).
 pub fn send_raw(addr: SocketAddr, raw: &[u8]) -> Response {
     let mut s = TcpStream::connect(addr).expect("connect");
