@@ -118,10 +118,13 @@ fn replay(ctx: &zmq::Context, endpoint: &str, start: u64) -> Vec<(u64, Vec<u8>)>
     d.set_rcvtimeo(2_000).unwrap();
     d.set_linger(0).unwrap();
     d.connect(endpoint).unwrap();
-    d.send_multipart([&b""[..], &start.to_be_bytes()], 0).unwrap();
+    d.send_multipart([&b""[..], &start.to_be_bytes()], 0)
+        .unwrap();
     let mut out = Vec::new();
     for _ in 0..20_000 {
-        let frames = d.recv_multipart(0).expect("replay reply before the timeout");
+        let frames = d
+            .recv_multipart(0)
+            .expect("replay reply before the timeout");
         match decode::split_replay(&frames).unwrap() {
             ReplayFrames::Batch { seq, payload } => out.push((seq, payload.to_vec())),
             ReplayFrames::End => return out,
@@ -176,10 +179,16 @@ fn published_events_decode_chain_and_equal_the_cache() {
             }
             index.apply_batch(STREAM, &batch);
         }
-        assert!(stores > 0 && removals > 0 && roots > 0, "{stores} {removals} {roots}");
+        assert!(
+            stores > 0 && removals > 0 && roots > 0,
+            "{stores} {removals} {roots}"
+        );
         let truth = cached(e.addr);
         assert_eq!(known, truth, "{encoding:?}: events vs cache");
-        let indexed: HashSet<u64> = index.engine_hashes(STREAM, Tier::Device).into_iter().collect();
+        let indexed: HashSet<u64> = index
+            .engine_hashes(STREAM, Tier::Device)
+            .into_iter()
+            .collect();
         assert_eq!(indexed, truth, "{encoding:?}: router index vs cache");
         assert_eq!(index.stats_mut(STREAM).orphans, 0);
         index.check_invariants().unwrap();
@@ -221,7 +230,14 @@ fn dropped_and_duplicated_batches_recover_through_replay() {
     let mut ix = EventIndex::new(16);
     for m in &msgs {
         let l = decode::split_live(m).unwrap();
-        if let Some(start) = c.handle(&mut ix, STREAM, Input::Live { seq: l.seq, payload: l.payload }) {
+        if let Some(start) = c.handle(
+            &mut ix,
+            STREAM,
+            Input::Live {
+                seq: l.seq,
+                payload: l.payload,
+            },
+        ) {
             for (seq, p) in replay(&ctx, e.kv_replay_endpoint.as_deref().unwrap(), start) {
                 c.handle(&mut ix, STREAM, Input::Replay { seq, payload: &p });
             }
@@ -255,13 +271,26 @@ fn restart_and_wrong_block_size() {
         .iter()
         .map(|m| decode::split_live(m).unwrap().seq)
         .collect();
-    let back = seqs.windows(2).position(|w| w[1] <= w[0]).expect("seq restarted");
+    let back = seqs
+        .windows(2)
+        .position(|w| w[1] <= w[0])
+        .expect("seq restarted");
     assert_eq!(seqs[back + 1], 0);
     let mut c = Consumer::new();
     let mut ix = EventIndex::new(16);
     for m in &msgs {
         let l = decode::split_live(m).unwrap();
-        assert_eq!(c.handle(&mut ix, STREAM, Input::Live { seq: l.seq, payload: l.payload }), None);
+        assert_eq!(
+            c.handle(
+                &mut ix,
+                STREAM,
+                Input::Live {
+                    seq: l.seq,
+                    payload: l.payload
+                }
+            ),
+            None
+        );
     }
     let st = ix.stats_mut(STREAM).clone();
     assert_eq!(st.restarts, 1);

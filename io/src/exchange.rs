@@ -209,6 +209,9 @@ async fn dispatch(
     body: Vec<u8>,
 ) -> bool {
     let keep = head.keep_alive;
+    if let Some((status, json)) = crate::admin::answer(shared, &head.method, head.path()) {
+        return respond(client, status, "application/json", json, keep).await;
+    }
     match route_of(head) {
         Route::Health => {
             respond(
@@ -221,7 +224,8 @@ async fn dispatch(
             .await
         }
         Route::Metrics => {
-            let text = shared.metrics.encode(&shared.workers);
+            let mut text = shared.metrics.encode(&shared.workers);
+            crate::admin::append_metrics(shared, &mut text);
             respond(
                 client,
                 200,

@@ -14,7 +14,8 @@ use std::time::Duration;
 ///
 /// # Errors
 /// An invalid config (named field), a tokenizer that cannot be loaded, a worker host that does
-/// not resolve, or a listen address that cannot be bound.
+/// not resolve, a KV-event socket that cannot be created, or a listen address that cannot be
+/// bound.
 pub fn start(cfg: Config, force_epoll: bool) -> anyhow::Result<Server> {
     let cfg = cfg.validate()?;
     let workers = Arc::new(Workers::new(&cfg.workers)?);
@@ -35,7 +36,21 @@ pub fn start(cfg: Config, force_epoll: bool) -> anyhow::Result<Server> {
         connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
         force_epoll,
     };
-    let router = Router::new(&cfg);
+    let mut router = Router::new(&cfg);
+    // KV events (issue 5): workers with `;events=…` feed one event index the router reads.
+    let specs = cfg
+        .workers
+        .iter()
+        .map(|w| kvroute_core::config::parse_worker_spec(w))
+        .collect::<Result<Vec<_>, _>>()?;
+    let sources = crate::zmq::sources(&specs);
+    if !sources.is_empty() {
+        let index = Arc::new(std::sync::RwLock::new(
+            kvroute_core::events::EventIndex::new(cfg.block_size),
+        ));
+        router.set_event_index(index.clone());
+        crate::zmq::start(sources, index)?;
+    }
     let tokenizers = Tokenizers::load(&cfg)?;
     let shared = Shared {
         settings,

@@ -10,6 +10,7 @@
 //! (`kvroute_core::route_key`) → decide (`kvroute_core::policy`) → load guard → forward
 //! ([`upstream`]) → relay ([`relay`]) → record (metrics, guard drop).
 
+pub mod admin;
 pub mod conn;
 pub mod demo;
 pub mod error;
@@ -19,3 +20,4 @@ pub mod http1;
 pub mod relay;
 pub mod shard;
 pub mod upstream;
+pub mod zmq;

@@ -45,9 +45,9 @@ use kvroute_tokenize::Tokenizer;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
+use super::events::{self, PublishMsg, Publisher};
 use super::model::tokens;
 use super::model::{EngineCore, EngineError, EngineStats, TokenOut};
-use super::events::{self, PublishMsg, Publisher};
 use super::{EngineConfig, defaults};
 
 /// Largest accepted request body, in bytes (a 128 Ki-token prompt is well under 4 MiB).

@@ -68,7 +68,8 @@ pub struct Config {
     pub listen: String,
     /// Shard threads; `None` = one per core the process may use.
     pub shards: Option<usize>,
-    /// Worker base URLs, `http://host:port`; ids are positions in this list.
+    /// Worker specs, `http://host:port` optionally followed by `;events=tcp://h:p;replay=tcp://h:p;dp=N`
+    /// ([`parse_worker_spec`]); ids are positions in this list.
     pub workers: Vec<String>,
     /// Routing policy ([`defaults::POLICY`]).
     pub policy: PolicyKind,
@@ -169,8 +170,9 @@ impl Config {
             return Err(CoreError::NoWorkers);
         }
         let mut seen = std::collections::HashSet::new();
-        for url in &self.workers {
-            let (url, _, _) = parse_worker_url(url)?;
+        for spec in &self.workers {
+            parse_worker_spec(spec)?;
+            let (url, _, _) = parse_worker_url(spec)?;
             if !seen.insert(url.clone()) {
                 return Err(CoreError::DuplicateWorker { url });
             }
@@ -223,8 +225,89 @@ impl Config {
     }
 }
 
+/// A worker as given by `--worker` or `workers = [..]`:
+/// `http://h:8000;events=tcp://h:5557;replay=tcp://h:5558;dp=2` (issue 5). Options after the
+/// URL are `;key=value`; DP rank r publishes on the events (and replay) port + r
+/// (`kv-events.md` §1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSpec {
+    /// Normalised base URL (see [`parse_worker_url`]).
+    pub url: String,
+    /// KV-event PUB endpoint of rank 0 (`tcp://host:port`); `None` = no events.
+    pub events: Option<String>,
+    /// Replay ROUTER endpoint of rank 0; `None` = gaps cannot be replayed.
+    pub replay: Option<String>,
+    /// Data-parallel ranks (≥ 1).
+    pub dp: u32,
+}
+
+impl WorkerSpec {
+    /// Endpoint of rank `rank`: `tcp://host:port` with port + rank.
+    pub fn rank_endpoint(endpoint: &str, rank: u32) -> Option<String> {
+        let (head, port) = endpoint.rsplit_once(':')?;
+        let port: u32 = port.parse().ok()?;
+        let p = u16::try_from(port + rank).ok()?;
+        Some(format!("{head}:{p}"))
+    }
+}
+
+/// Parses a worker spec `URL[;events=EP][;replay=EP][;dp=N]`.
+///
+/// # Errors
+/// [`CoreError::BadWorkerUrl`]: a bad URL (see [`parse_worker_url`]), an unknown option, an
+/// endpoint that is not `tcp://host:port`, `dp` not an integer 1–1024, or `replay` without
+/// `events`.
+pub fn parse_worker_spec(spec: &str) -> Result<WorkerSpec, CoreError> {
+    let bad = |problem| CoreError::BadWorkerUrl {
+        url: spec.to_string(),
+        problem,
+    };
+    let mut parts = spec.split(';');
+    let (url, _, _) = parse_worker_url(parts.next().unwrap_or(""))?;
+    let mut out = WorkerSpec {
+        url,
+        events: None,
+        replay: None,
+        dp: 1,
+    };
+    for opt in parts.map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = opt
+            .split_once('=')
+            .ok_or_else(|| bad("options are ;key=value"))?;
+        let endpoint = |v: &str| {
+            let ok = v.strip_prefix("tcp://").is_some_and(|r| {
+                r.rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+            });
+            if ok {
+                Ok(v.to_string())
+            } else {
+                Err(bad("events/replay must be tcp://host:port"))
+            }
+        };
+        match k.trim() {
+            "events" => out.events = Some(endpoint(v.trim())?),
+            "replay" => out.replay = Some(endpoint(v.trim())?),
+            "dp" => {
+                out.dp = v
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|d| (1..=1024).contains(d))
+                    .ok_or_else(|| bad("dp must be an integer 1-1024"))?
+            }
+            _ => return Err(bad("unknown option (expected events, replay, dp)")),
+        }
+    }
+    if out.replay.is_some() && out.events.is_none() {
+        return Err(bad("replay needs events"));
+    }
+    Ok(out)
+}
+
 /// Splits a worker URL `http://host:port` (trailing `/` allowed) into `(normalised url, host,
-/// port)`: url without trailing `/`, host without IPv6 brackets, port 1–65535.
+/// port)`: url without trailing `/`, host without IPv6 brackets, port 1–65535. Worker-spec
+/// options after a `;` are ignored here ([`parse_worker_spec`] reads them).
 ///
 /// # Errors
 /// [`CoreError::BadWorkerUrl`]: not `http://`, a path, query or fragment after the port, no
@@ -235,6 +318,7 @@ pub fn parse_worker_url(url: &str) -> Result<(String, String, u16), CoreError> {
         url: url.to_string(),
         problem,
     };
+    let url = url.split(';').next().unwrap_or(url);
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| bad("must start with http:// (TLS to workers is not supported yet)"))?;
@@ -432,6 +516,47 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn worker_specs_with_events() {
+        let w = parse_worker_spec("http://h:8000;events=tcp://h:5557;replay=tcp://h:5558;dp=2")
+            .unwrap();
+        assert_eq!(
+            w,
+            WorkerSpec {
+                url: "http://h:8000".into(),
+                events: Some("tcp://h:5557".into()),
+                replay: Some("tcp://h:5558".into()),
+                dp: 2
+            }
+        );
+        assert_eq!(
+            WorkerSpec::rank_endpoint("tcp://h:5557", 1).as_deref(),
+            Some("tcp://h:5558")
+        );
+        assert_eq!(parse_worker_spec("http://h:1").unwrap().dp, 1);
+        assert_eq!(
+            parse_worker_url("http://h:1;events=tcp://h:2").unwrap().0,
+            "http://h:1"
+        );
+        for bad in [
+            "http://h:1;events=h:2",
+            "http://h:1;dp=0",
+            "http://h:1;replay=tcp://h:3",
+            "http://h:1;colour=red",
+            "http://h:1;events",
+        ] {
+            assert!(parse_worker_spec(bad).is_err(), "{bad}");
+        }
+        // TOML form: the same spec strings in `workers`.
+        let cfg = Config::from_toml_str(
+            "workers = [\"http://127.0.0.1:8101;events=tcp://127.0.0.1:5557;dp=2\"]",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!(parse_worker_spec(&cfg.workers[0]).unwrap().dp, 2);
     }
 
     #[test]

@@ -42,41 +42,24 @@ pub struct StreamId {
     pub rank: u32,
 }
 
-/// Block-key seed S of `kv-events.md` §7 (no namespace).
-pub const BLOCK_KEY_SEED: u64 = 1337;
-
 /// kvroute's chained block keys of `tokens` cut into blocks of `block_size` tokens, continuing
 /// the chain after `parent` (`None` = chain starts at the root). Only full blocks get a key.
-/// Source: `kv-events.md` §7: `local_i = XXH3_64(seed S, u32le tokens)`, `key_0 = local_0`,
-/// `key_i = XXH3_64(seed S, u64le(key_{i−1}) ‖ u64le(local_i))`.
-// Same function as `tokenize::blocks::block_keys` (issue 4); this copy goes when it lands.
+/// The one key function is [`kvroute_index::keys`] (`kv-events.md` §7); this only continues a
+/// chain from a known parent key.
 pub fn chain_keys(parent: Option<u64>, tokens: &[u32], block_size: usize) -> Vec<u64> {
-    use xxhash_rust::xxh3::xxh3_64_with_seed;
-    let mut out = Vec::with_capacity(tokens.len() / block_size.max(1));
+    use kvroute_index::keys::{chain, local_hash};
     if block_size == 0 {
-        return out;
+        return Vec::new();
     }
     let mut prev = parent;
-    let mut buf = Vec::with_capacity(4 * block_size);
-    for block in tokens.chunks_exact(block_size) {
-        buf.clear();
-        for t in block {
-            buf.extend_from_slice(&t.to_le_bytes());
-        }
-        let local = xxh3_64_with_seed(&buf, BLOCK_KEY_SEED);
-        let key = match prev {
-            None => local,
-            Some(p) => {
-                let mut pair = [0u8; 16];
-                pair[..8].copy_from_slice(&p.to_le_bytes());
-                pair[8..].copy_from_slice(&local.to_le_bytes());
-                xxh3_64_with_seed(&pair, BLOCK_KEY_SEED)
-            }
-        };
-        out.push(key);
-        prev = Some(key);
-    }
-    out
+    tokens
+        .chunks_exact(block_size)
+        .map(|b| {
+            let k = chain(prev, local_hash(b));
+            prev = Some(k);
+            k
+        })
+        .collect()
 }
 
 /// One input of [`Consumer`] for a stream.

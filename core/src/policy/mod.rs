@@ -202,6 +202,8 @@ pub struct Router {
     started: Instant,
     next: AtomicUsize,
     models: LeftRight<HashMap<String, Arc<ModelIndexes>>, (String, Arc<ModelIndexes>)>,
+    /// Engine KV-event index (issue 5), written only by `io`'s event writer.
+    events: Option<Arc<std::sync::RwLock<crate::events::EventIndex>>>,
 }
 
 fn add_model(m: &mut HashMap<String, Arc<ModelIndexes>>, op: &(String, Arc<ModelIndexes>)) {
@@ -227,7 +229,78 @@ impl Router {
             started: Instant::now(),
             next: AtomicUsize::new(0),
             models: LeftRight::new(HashMap::new(), add_model),
+            events: None,
         }
+    }
+
+    /// Routes token-bearing cache_aware requests on `index` (engine KV events) whenever it
+    /// holds any block. Called once, before the router is shared.
+    pub fn set_event_index(&mut self, index: Arc<std::sync::RwLock<crate::events::EventIndex>>) {
+        self.events = Some(index);
+    }
+
+    /// The engine KV-event index, if one is attached.
+    pub fn event_index(&self) -> Option<&Arc<std::sync::RwLock<crate::events::EventIndex>>> {
+        self.events.as_ref()
+    }
+
+    /// cache_aware on engine events (issue 5 item 5): `None` when no event index is attached
+    /// or it holds nothing (then the token tree decides). Workers holding at least the first
+    /// block are candidates; among the non-hot ones the deepest overlap wins, ties by load
+    /// (`TokenHit`); all candidates hot → `Spill`; none → `CacheMiss`. Reads only: nothing
+    /// the router decides is written into the event index.
+    fn decide_on_events(
+        &self,
+        ids: &[u32],
+        loads: &[usize],
+        rng: &mut impl Rng,
+    ) -> Option<Decision> {
+        let ix = self.events.as_ref()?.read().ok()?;
+        if ix.is_empty() {
+            return None;
+        }
+        let bs = ix.block_size();
+        let keys = kvroute_index::keys::block_keys(ids, bs);
+        let mut blocks = vec![0usize; loads.len()];
+        for m in ix.find_matches(&keys) {
+            if let Some(b) = blocks.get_mut(m.stream.worker as usize) {
+                *b = (*b).max(m.blocks);
+            }
+        }
+        drop(ix);
+        let gate = SpillGate::new(
+            loads,
+            self.balance_rel_threshold,
+            self.balance_abs_threshold,
+        );
+        let least = |rng: &mut _| least_loaded(loads, 0..loads.len(), rng).unwrap_or(0);
+        let cool = |w: &usize| blocks[*w] > 0 && !gate.is_hot(loads[*w]);
+        let top = (0..loads.len()).filter(cool).map(|w| blocks[w]).max();
+        Some(match top {
+            Some(t) => {
+                let worker = least_loaded(
+                    loads,
+                    (0..loads.len()).filter(|w| cool(w) && blocks[*w] == t),
+                    rng,
+                )
+                .unwrap_or(0);
+                Decision {
+                    worker,
+                    reason: Reason::TokenHit {
+                        matched_tokens: t * bs,
+                        ratio: (t * bs) as f64 / ids.len().max(1) as f64,
+                    },
+                }
+            }
+            None if blocks.iter().any(|&b| b > 0) => Decision {
+                worker: least(rng),
+                reason: Reason::Spill,
+            },
+            None => Decision {
+                worker: least(rng),
+                reason: Reason::CacheMiss,
+            },
+        })
     }
 
     /// The policy.
@@ -318,6 +391,10 @@ impl Router {
             };
         }
         let idx = self.model(&key.model);
+        if let Some(d) = ids.and_then(|ids| self.decide_on_events(ids, loads, rng)) {
+            self.record(&idx, key, d.worker as TenantId);
+            return d;
+        }
         // (matched, request length, candidate tenants, is_tokens)
         let (matched, len, tenants, tokens) = match (ids, &idx.hash) {
             (Some(ids), Some(h)) => {

@@ -1,0 +1,271 @@
+//! KV-event subscriber: libzmq SUB sockets on every (worker, DP rank) publisher, a DEALER per
+//! replay endpoint, and one index writer (issue 5; `kv-events.md` §1–§2).
+//!
+//! Two threads:
+//! - `kv-sub` polls every SUB socket (100 ms) and hands each message `(stream, seq, payload)`
+//!   to the writer over a crossbeam channel (the cross-thread ring). libzmq reconnects
+//!   dropped connections itself, with exponential backoff from [`RECONNECT_IVL_MS`] to
+//!   [`RECONNECT_IVL_MAX_MS`].
+//! - `kv-writer` runs the pure [`Consumer`] (ordering, gaps, restarts) and applies to the
+//!   shared [`EventIndex`] under its write lock. When the consumer asks for a replay it sends
+//!   `["", start_seq]` on that stream's DEALER and feeds replies until the end marker, each
+//!   read bounded by [`REPLAY_READ_TIMEOUT_MS`]; live messages wait in the channel meanwhile.
+//!
+//! Both threads end once the router that holds the index is gone (the writer holds the only
+//! other reference) — no handle to keep.
+
+use kvroute_core::config::WorkerSpec;
+use kvroute_core::events::decode::{self, ReplayFrames};
+use kvroute_core::events::{Consumer, EventIndex, Input, StreamId};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// The event index shared by the writer (writes) and every shard's router (reads).
+pub type SharedEvents = Arc<RwLock<EventIndex>>;
+
+/// First reconnect delay, ms (libzmq `ZMQ_RECONNECT_IVL`).
+pub const RECONNECT_IVL_MS: i32 = 100;
+/// Reconnect backoff cap, ms (libzmq `ZMQ_RECONNECT_IVL_MAX`).
+pub const RECONNECT_IVL_MAX_MS: i32 = 5_000;
+/// Time allowed for each replay reply, ms; a silent engine ends the replay (→ clear).
+pub const REPLAY_READ_TIMEOUT_MS: i32 = 1_000;
+/// SUB receive high-water mark, messages (the engines' `hwm`).
+pub const SUB_HWM: i32 = 100_000;
+/// Messages queued between the subscriber and the writer.
+pub const CHANNEL_CAPACITY: usize = 100_000;
+
+/// One publisher to subscribe to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventSource {
+    /// (worker id, DP rank).
+    pub stream: StreamId,
+    /// PUB endpoint, `tcp://host:port`.
+    pub events: String,
+    /// Replay ROUTER endpoint, if any.
+    pub replay: Option<String>,
+}
+
+/// Every publisher of `specs` (worker id = position): ranks `0..dp` on port + rank.
+pub fn sources(specs: &[WorkerSpec]) -> Vec<EventSource> {
+    let mut out = Vec::new();
+    for (w, spec) in specs.iter().enumerate() {
+        let Some(events) = &spec.events else {
+            continue;
+        };
+        for rank in 0..spec.dp {
+            let Some(ev) = WorkerSpec::rank_endpoint(events, rank) else {
+                continue;
+            };
+            out.push(EventSource {
+                stream: StreamId {
+                    worker: w as u32,
+                    rank,
+                },
+                events: ev,
+                replay: spec
+                    .replay
+                    .as_deref()
+                    .and_then(|r| WorkerSpec::rank_endpoint(r, rank)),
+            });
+        }
+    }
+    out
+}
+
+struct Live {
+    stream: StreamId,
+    frames: Vec<Vec<u8>>,
+}
+
+fn zerr(e: ::zmq::Error) -> std::io::Error {
+    std::io::Error::other(format!("zmq: {e}"))
+}
+
+/// Starts the subscriber and writer threads for `sources`, applying to `index`.
+///
+/// # Errors
+/// A socket cannot be created or configured, an endpoint is invalid, or a thread cannot be
+/// spawned. (An unreachable engine is not an error: libzmq keeps reconnecting.)
+pub fn start(sources: Vec<EventSource>, index: SharedEvents) -> std::io::Result<()> {
+    let ctx = ::zmq::Context::new();
+    let mut subs = Vec::new();
+    for s in &sources {
+        let sock = ctx.socket(::zmq::SUB).map_err(zerr)?;
+        sock.set_rcvhwm(SUB_HWM).map_err(zerr)?;
+        sock.set_reconnect_ivl(RECONNECT_IVL_MS).map_err(zerr)?;
+        sock.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)
+            .map_err(zerr)?;
+        sock.set_linger(0).map_err(zerr)?;
+        sock.set_subscribe(b"").map_err(zerr)?;
+        sock.connect(&s.events).map_err(zerr)?;
+        subs.push((s.stream, sock));
+    }
+    let mut dealers = HashMap::new();
+    let mut consumer = Consumer::new();
+    for s in &sources {
+        consumer.add_stream(s.stream, s.replay.is_some());
+        if let Some(r) = &s.replay {
+            let d = ctx.socket(::zmq::DEALER).map_err(zerr)?;
+            d.set_rcvtimeo(REPLAY_READ_TIMEOUT_MS).map_err(zerr)?;
+            d.set_linger(0).map_err(zerr)?;
+            d.set_reconnect_ivl(RECONNECT_IVL_MS).map_err(zerr)?;
+            d.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)
+                .map_err(zerr)?;
+            d.connect(r).map_err(zerr)?;
+            dealers.insert(s.stream, d);
+        }
+    }
+    let (tx, rx) = crossbeam_channel::bounded::<Live>(CHANNEL_CAPACITY);
+    let stop = Arc::new(AtomicBool::new(false));
+    let sub_ctx = ctx.clone();
+    let sub_stop = stop.clone();
+    std::thread::Builder::new()
+        .name("kv-sub".into())
+        .spawn(move || {
+            let _ctx = sub_ctx;
+            subscribe(subs, tx, &sub_stop);
+        })?;
+    std::thread::Builder::new()
+        .name("kv-writer".into())
+        .spawn(move || {
+            let _ctx = ctx;
+            write(rx, consumer, dealers, index);
+            stop.store(true, Ordering::Relaxed);
+        })?;
+    Ok(())
+}
+
+/// Polls every SUB socket; ends when the writer is gone.
+fn subscribe(
+    subs: Vec<(StreamId, ::zmq::Socket)>,
+    tx: crossbeam_channel::Sender<Live>,
+    stop: &AtomicBool,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let mut items: Vec<_> = subs
+            .iter()
+            .map(|(_, s)| s.as_poll_item(::zmq::POLLIN))
+            .collect();
+        if ::zmq::poll(&mut items, 100).is_err() {
+            return;
+        }
+        let ready: Vec<bool> = items.iter().map(|i| i.is_readable()).collect();
+        drop(items);
+        for (i, (stream, s)) in subs.iter().enumerate() {
+            if !ready[i] {
+                continue;
+            }
+            // Drain what is queued on this socket (bounded per round for fairness).
+            for _ in 0..1024 {
+                match s.recv_multipart(::zmq::DONTWAIT) {
+                    Ok(frames) => {
+                        if tx
+                            .send(Live {
+                                stream: *stream,
+                                frames,
+                            })
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+}
+
+/// The index writer: ordering, replays, application. Ends when no router holds the index.
+fn write(
+    rx: crossbeam_channel::Receiver<Live>,
+    mut consumer: Consumer,
+    dealers: HashMap<StreamId, ::zmq::Socket>,
+    index: SharedEvents,
+) {
+    loop {
+        if Arc::strong_count(&index) == 1 {
+            return;
+        }
+        let live = match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(l) => l,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+        };
+        let stream = live.stream;
+        let frames = match decode::split_live(&live.frames) {
+            Ok(f) => f,
+            Err(e) => {
+                let mut ix = index.write().unwrap_or_else(|p| p.into_inner());
+                ix.stats_mut(stream).decode_errors += 1;
+                tracing::warn!(
+                    worker = stream.worker,
+                    rank = stream.rank,
+                    "bad KV event message: {e}"
+                );
+                continue;
+            }
+        };
+        let replay = {
+            let mut ix = index.write().unwrap_or_else(|p| p.into_inner());
+            consumer.handle(
+                &mut ix,
+                stream,
+                Input::Live {
+                    seq: frames.seq,
+                    payload: frames.payload,
+                },
+            )
+        };
+        if let Some(start) = replay {
+            run_replay(&mut consumer, dealers.get(&stream), &index, stream, start);
+        }
+    }
+}
+
+/// Sends one replay request and feeds the replies, then the end (also on timeout or error).
+fn run_replay(
+    consumer: &mut Consumer,
+    dealer: Option<&::zmq::Socket>,
+    index: &SharedEvents,
+    stream: StreamId,
+    start: u64,
+) {
+    tracing::info!(
+        worker = stream.worker,
+        rank = stream.rank,
+        start,
+        "KV event gap: replaying"
+    );
+    if let Some(d) = dealer {
+        // Replies left over from an earlier, timed-out replay are stale.
+        while d.recv_multipart(::zmq::DONTWAIT).is_ok() {}
+        if d.send_multipart([&b""[..], &start.to_be_bytes()], 0)
+            .is_ok()
+        {
+            // Bounded by the engine's buffer (10,000) plus slack.
+            for _ in 0..20_000 {
+                let Ok(frames) = d.recv_multipart(0) else {
+                    tracing::warn!(worker = stream.worker, "KV event replay timed out");
+                    break;
+                };
+                match decode::split_replay(&frames) {
+                    Ok(ReplayFrames::Batch { seq, payload }) => {
+                        let mut ix = index.write().unwrap_or_else(|p| p.into_inner());
+                        consumer.handle(&mut ix, stream, Input::Replay { seq, payload });
+                    }
+                    Ok(ReplayFrames::End) => break,
+                    Err(e) => {
+                        let mut ix = index.write().unwrap_or_else(|p| p.into_inner());
+                        ix.stats_mut(stream).decode_errors += 1;
+                        tracing::warn!(worker = stream.worker, "bad replay reply: {e}");
+                    }
+                }
+            }
+        }
+    }
+    let mut ix = index.write().unwrap_or_else(|p| p.into_inner());
+    consumer.handle(&mut ix, stream, Input::ReplayEnd);
+}
