@@ -1,9 +1,221 @@
-//! `kvroute bench tokenize`: a short (< 60 s) benchmark run that writes its results as JSON.
+//! `kvroute bench tokenize`: full vs incremental tokenization of multi-turn agent chats whose
+//! lengths follow the WEKA Claude Code traces (traces.md §2), in one run (< 60 s).
+//!
+//! For each of [`CONVERSATIONS`] traces, turns 1..=[`TURNS`] of a chat are built so that the
+//! prompt of turn k has about `in_k × SCALE` tokens (the trace's input length): a system
+//! message of `system_tokens + tool_tokens`, then per turn the previous reply (`out` tokens)
+//! and a user message (tool results) making up the rest. Content is code-like text (words,
+//! punctuation, paths, numbers, newlines, indentation) so the BPE does real merges.
+//!
+//! Each turn's prompt is rendered once with the Qwen3 chat template, then tokenized twice on
+//! one core: [`Tokenizer::encode`] of the whole text (full) and
+//! [`IncrementalTokenizer::encode`] with one cache per conversation (incremental). Ratios
+//! compare the two in the same run; `ids_identical` is true only if every incremental result
+//! equalled the full one. Render time is reported separately (both paths pay it).
+//!
+//! Traces are read from `$KVROUTE_WEKA_DIR`, else `../shared/data/traces/weka` (from the
+//! repository root); they are never copied into the repository.
+
+use kvroute_tokenize::{IncrementalTokenizer, Tokenizer};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::trace::synth::WordIds;
+
+/// Conversations (WEKA trace files, in name order) measured.
+pub const CONVERSATIONS: usize = 3;
+/// Turns per conversation.
+pub const TURNS: usize = 20;
+/// Prompt length of turn k = `in_k × SCALE` tokens: 0.5 keeps the run under 60 s on one core
+/// while turns stay at 8k–150k tokens.
+pub const SCALE: f64 = 0.5;
+
+/// Code-like fragments mixed between words, so pieces are not all single-token words.
+const FRAGMENTS: [&str; 14] = [
+    "\n",
+    "(",
+    "): ",
+    "{\"path\": \"src/",
+    "_",
+    "123",
+    ".rs\"}",
+    "\n    ",
+    " == ",
+    "[i]",
+    ";\n",
+    " // ",
+    "é",
+    "\t",
+];
+
+fn weka_dir() -> PathBuf {
+    std::env::var_os("KVROUTE_WEKA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("../shared/data/traces/weka"))
+}
+
+/// About `n` tokens of code-like text, deterministic in `(ns, id)`.
+fn content(words: &WordIds, ns: u32, id: u64, n: usize) -> String {
+    let text = words.block_text(ns, id, n);
+    let mut out = String::with_capacity(text.len() + n);
+    for (i, w) in text.split_inclusive(' ').enumerate() {
+        out.push_str(w);
+        if i % 5 == 4 {
+            out.push_str(FRAGMENTS[(i / 5 + id as usize) % FRAGMENTS.len()]);
+        }
+    }
+    out
+}
+
+/// One measured turn.
+struct Turn {
+    tokens: usize,
+    render: Duration,
+    full: Duration,
+    incremental: Duration,
+    reused: usize,
+    identical: bool,
+}
 
 /// Runs the benchmark and returns its JSON report.
 ///
 /// # Errors
-/// Not implemented yet: always an error until the tokenize benchmark lands.
-pub fn run() -> anyhow::Result<serde_json::Value> {
-    anyhow::bail!("kvroute bench tokenize is not implemented yet")
+/// The WEKA traces cannot be read or parsed (path in the message), or the embedded tokenizer
+/// fails to load or render.
+pub fn run() -> anyhow::Result<Value> {
+    let dir = weka_dir();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let tok = Tokenizer::qwen3()?;
+    let words = WordIds::from_tokenizer(&tok)?;
+    let started = Instant::now();
+    let mut per_turn: Vec<Vec<Turn>> = (0..TURNS).map(|_| Vec::new()).collect();
+    let mut used = Vec::new();
+    for path in files.iter().take(CONVERSATIONS) {
+        let doc: Value = serde_json::from_slice(&std::fs::read(path)?)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let ns = used.len() as u32 + 1;
+        used.push(
+            path.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+        );
+        let reqs = doc["requests"].as_array().cloned().unwrap_or_default();
+        let scaled = |v: &Value| (v.as_f64().unwrap_or(0.0) * SCALE) as usize;
+        let head = scaled(&doc["system_tokens"]) + scaled(&doc["tool_tokens"]);
+        let mut messages = vec![json!({"role": "system", "content": content(&words, ns, 0, head)})];
+        let mut len = head;
+        let mut inc = IncrementalTokenizer::new(tok.clone(), 1 << 24);
+        for (k, req) in reqs.iter().take(TURNS).enumerate() {
+            let target = scaled(&req["in"]);
+            let user = target.saturating_sub(len).max(16);
+            messages.push(
+                json!({"role": "user", "content": content(&words, ns, 2 * k as u64 + 1, user)}),
+            );
+            len += user;
+            let t0 = Instant::now();
+            let text = tok.render_chat(&Value::Array(messages.clone()), true)?;
+            let t1 = Instant::now();
+            let full = tok.try_encode(&text)?;
+            let t2 = Instant::now();
+            let got = inc.encode(&text, 0)?;
+            let t3 = Instant::now();
+            per_turn[k].push(Turn {
+                tokens: full.len(),
+                render: t1 - t0,
+                full: t2 - t1,
+                incremental: t3 - t2,
+                reused: got.reused_tokens,
+                identical: got.ids == full,
+            });
+            let reply = scaled(&req["out"]).max(8);
+            messages.push(json!({"role": "assistant", "content": content(&words, ns, 2 * k as u64 + 2, reply)}));
+            len += reply;
+        }
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut table = Vec::new();
+    let (mut all_tokens, mut all_full, mut all_inc) = (0usize, Duration::ZERO, Duration::ZERO);
+    let mut identical = true;
+    let mut turn10 = None;
+    for (k, turns) in per_turn.iter().enumerate() {
+        if turns.is_empty() {
+            continue;
+        }
+        let n = turns.len() as f64;
+        let tokens: usize = turns.iter().map(|t| t.tokens).sum();
+        let reused: usize = turns.iter().map(|t| t.reused).sum();
+        let full: Duration = turns.iter().map(|t| t.full).sum();
+        let incr: Duration = turns.iter().map(|t| t.incremental).sum();
+        let render: Duration = turns.iter().map(|t| t.render).sum();
+        let ok = turns.iter().all(|t| t.identical);
+        identical &= ok;
+        all_tokens += tokens;
+        all_full += full;
+        all_inc += incr;
+        let speedup = full.as_secs_f64() / incr.as_secs_f64().max(1e-9);
+        let with_render = (full + render).as_secs_f64() / (incr + render).as_secs_f64().max(1e-9);
+        if k == 9 {
+            turn10 = Some(speedup);
+        }
+        table.push(json!({
+            "turn": k + 1,
+            "mean_tokens": (tokens as f64 / n).round(),
+            "reused_fraction": reused as f64 / tokens.max(1) as f64,
+            "full_ms": ms(full) / n,
+            "incremental_ms": ms(incr) / n,
+            "render_ms": ms(render) / n,
+            "speedup": speedup,
+            "speedup_with_render": with_render,
+            "ids_identical": ok,
+        }));
+    }
+    let report = json!({
+        "bench": "tokenize",
+        "tokenizer": "qwen3 (embedded)",
+        "traces": used,
+        "scale": SCALE,
+        "turns": TURNS,
+        "full_tokens_per_s": all_tokens as f64 / all_full.as_secs_f64().max(1e-9),
+        "incremental_tokens_per_s": all_tokens as f64 / all_inc.as_secs_f64().max(1e-9),
+        "incremental_speedup_turn10": turn10,
+        "incremental_speedup_all_turns": all_full.as_secs_f64() / all_inc.as_secs_f64().max(1e-9),
+        "ids_identical": identical,
+        "seconds": started.elapsed().as_secs_f64(),
+        "per_turn": table,
+    });
+    print_table(&report);
+    Ok(report)
+}
+
+fn print_table(r: &Value) {
+    println!(
+        "turn  mean_tokens  reused  full_ms  incr_ms  render_ms  speedup  w/render  identical"
+    );
+    for t in r["per_turn"].as_array().into_iter().flatten() {
+        println!(
+            "{:>4}  {:>11}  {:>5.1}%  {:>7.2}  {:>7.2}  {:>9.2}  {:>6.1}x  {:>7.1}x  {}",
+            t["turn"],
+            t["mean_tokens"],
+            t["reused_fraction"].as_f64().unwrap_or(0.0) * 100.0,
+            t["full_ms"].as_f64().unwrap_or(0.0),
+            t["incremental_ms"].as_f64().unwrap_or(0.0),
+            t["render_ms"].as_f64().unwrap_or(0.0),
+            t["speedup"].as_f64().unwrap_or(0.0),
+            t["speedup_with_render"].as_f64().unwrap_or(0.0),
+            t["ids_identical"],
+        );
+    }
+    println!(
+        "full {:.0} tokens/s, incremental speedup at turn 10: {:.1}x, ids identical: {}",
+        r["full_tokens_per_s"].as_f64().unwrap_or(0.0),
+        r["incremental_speedup_turn10"].as_f64().unwrap_or(0.0),
+        r["ids_identical"]
+    );
 }

@@ -107,9 +107,10 @@ pub fn route_key(endpoint: Endpoint, body: &[u8]) -> Result<RouteKey, CoreError>
     };
     let top = Top::deserialize(&mut de).map_err(not_json)?;
     de.end().map_err(not_json)?;
-    let Top::Object(f) = top else {
+    let Top::Object(boxed) = top else {
         return Err(CoreError::BodyNotObject);
     };
+    let f = *boxed;
     let model = f.model.map(Cow::into_owned).unwrap_or_default();
     let suffix = model.split_once(':').map(|(_, adapter)| adapter);
     let lora = [f.lora_path.as_deref(), f.lora_id.as_deref(), suffix]
@@ -193,7 +194,7 @@ pub fn route_key(endpoint: Endpoint, body: &[u8]) -> Result<RouteKey, CoreError>
 
 /// The top-level value: an object's routing fields, or "not an object".
 enum Top<'a> {
-    Object(Fields<'a>),
+    Object(Box<Fields<'a>>),
     NotObject,
 }
 
@@ -330,7 +331,9 @@ impl<'de> Visitor<'de> for BoolVisitor {
 }
 deserialize_any_with!(Loose<bool>, BoolVisitor);
 
-/// Object keys routing reads; `Other` for the rest (matched without allocating).
+/// Object keys routing reads; `Other` for the rest (matched without allocating). Variants are
+/// named after the JSON keys (`extra_key` → `ExtraKey`).
+#[allow(clippy::enum_variant_names)]
 enum Key {
     Model,
     Stream,
@@ -419,7 +422,7 @@ impl<'de> Visitor<'de> for TopVisitor {
                 }
             }
         }
-        Ok(Top::Object(f))
+        Ok(Top::Object(Box::new(f)))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Top<'de>, A::Error> {
         skip_seq(seq).map(|()| Top::NotObject)

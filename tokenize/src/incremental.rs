@@ -181,13 +181,14 @@ impl IncrementalTokenizer {
             let buf = Arc::new(ids[..last_tokens].to_vec());
             self.held_tokens += buf.len();
             self.buffers.insert(buf_id, (buf, 0));
-            for j in new_cuts - keep..new_cuts {
+            let from = new_cuts - keep;
+            for (j, &tokens) in at_cut.iter().enumerate().skip(from) {
                 let i = first_cut + j;
                 self.insert(
                     hashes[i],
                     Entry {
                         buf: buf_id,
-                        tokens: at_cut[j],
+                        tokens,
                         bytes: cuts[i],
                         tick: 0,
                     },
