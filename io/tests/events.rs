@@ -117,6 +117,18 @@ fn router_event_index_equals_every_engines_cache_under_faults() {
     let prefixes: Vec<Vec<u32>> = (0..6u32)
         .map(|p| (0..96).map(|i| 2_000 * (p + 1) + i).collect())
         .collect();
+    // Warm-up straight to each engine (15 distinct prompts each), so every engine's faults
+    // fire whatever the router later picks; the subscriber already listens.
+    for (w, e) in engines.iter().enumerate() {
+        for k in 0..15u32 {
+            let ids: Vec<u32> = (0..40)
+                .map(|i| 50_000 + 1_000 * (w as u32 * 15 + k) + i)
+                .collect();
+            let body =
+                serde_json::json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 2}});
+            assert_eq!(post(e.addr, "/generate", &body).status, 200);
+        }
+    }
     let mut hits = 0;
     // Sequential requests, so every engine also goes idle (the restart fault waits for that).
     for i in 0..120 {
@@ -150,6 +162,7 @@ fn router_event_index_equals_every_engines_cache_under_faults() {
             .enumerate()
             .all(|(w, e)| view(w as u32) == cached(e.addr))
     });
+    let mut total = 0;
     for (w, e) in engines.iter().enumerate() {
         let truth = cached(e.addr);
         let got = view(w as u32);
@@ -160,8 +173,10 @@ fn router_event_index_equals_every_engines_cache_under_faults() {
             (0, 0),
             "worker {w}: phantom/missed blocks"
         );
-        assert!(!truth.is_empty(), "worker {w} cached nothing");
+        total += truth.len();
     }
+    // (Worker 2 may have restarted after its last request, with an empty cache.)
+    assert!(total > 0, "no engine cached anything");
     assert!(settled);
     let ix = index.read().unwrap();
     let st = |w: u32| {
