@@ -524,13 +524,13 @@ impl EventWriter {
                 }
             }
         }
-        if let Some(cap) = self.max_entries {
-            if kept.len() > cap {
-                let target = cap * 9 / 10;
-                let cut = kept.len() - target;
-                kept.select_nth_unstable(cut - 1);
-                victims.extend_from_slice(&kept[..cut]);
-            }
+        if let Some(cap) = self.max_entries
+            && kept.len() > cap
+        {
+            let target = cap * 9 / 10;
+            let cut = kept.len() - target;
+            kept.select_nth_unstable(cut - 1);
+            victims.extend_from_slice(&kept[..cut]);
         }
         // Children before parents where stamps tie, so a pruned chain leaves no holes.
         victims.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.2.cmp(&a.2)));

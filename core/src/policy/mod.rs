@@ -245,9 +245,10 @@ impl Router {
     }
 
     /// cache_aware on engine events (issue 5 item 5): `None` when no event index is attached
-    /// or it holds nothing (then the token tree decides). Workers holding at least the first
-    /// block are candidates; among the non-hot ones the deepest overlap wins, ties by load
-    /// (`TokenHit`); all candidates hot → `Spill`; none → `CacheMiss`. Reads only: nothing
+    /// or it holds nothing (then the token tree decides). Workers holding more than
+    /// `cache_threshold` of the request in consecutive leading blocks are candidates; among the
+    /// non-hot ones the deepest overlap wins, ties by load (`TokenHit`); all candidates hot →
+    /// `Spill`; none → `CacheMiss` (least loaded). Reads only: nothing
     /// the router decides is written into the event index.
     fn decide_on_events(
         &self,
@@ -274,7 +275,9 @@ impl Router {
             self.balance_abs_threshold,
         );
         let least = |rng: &mut _| least_loaded(loads, 0..loads.len(), rng).unwrap_or(0);
-        let cool = |w: &usize| blocks[*w] > 0 && !gate.is_hot(loads[*w]);
+        // As in cache_aware: a match of at most `cache_threshold` of the request is a miss.
+        let deep = |b: usize| (b * bs) as f64 / ids.len().max(1) as f64 > self.cache_threshold;
+        let cool = |w: &usize| deep(blocks[*w]) && !gate.is_hot(loads[*w]);
         let top = (0..loads.len()).filter(cool).map(|w| blocks[w]).max();
         Some(match top {
             Some(t) => {
@@ -292,7 +295,7 @@ impl Router {
                     },
                 }
             }
-            None if blocks.iter().any(|&b| b > 0) => Decision {
+            None if blocks.iter().any(|&b| deep(b)) => Decision {
                 worker: least(rng),
                 reason: Reason::Spill,
             },
