@@ -29,6 +29,24 @@ pub const DEMO_SPEEDUP_RATIO: f64 = 4.0;
 /// Trace timestamps are divided by this in the demo.
 pub const DEMO_TIME_SCALE: f64 = 4.0;
 
+/// Name of the demo run that routes on engine KV events (issue 5).
+pub const EVENTS_RUN: &str = "cache_aware_events";
+
+/// Tokenizer directory for the events run (token mode): `KVROUTE_TOKENIZER`, else the shared
+/// Qwen3 tokenizer beside the repository.
+fn events_tokenizer() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("KVROUTE_TOKENIZER") {
+        return Some(PathBuf::from(p));
+    }
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    [
+        here.join("../../shared/data/tokenizers/qwen3"),
+        PathBuf::from("../shared/data/tokenizers/qwen3"),
+    ]
+    .into_iter()
+    .find(|p| p.join("tokenizer.json").exists())
+}
+
 /// Flags of `kvroute demo`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
@@ -54,8 +72,9 @@ pub struct DemoArgs {
     /// Trace time compression (timestamps divided by this).
     #[arg(long, default_value_t = DEMO_TIME_SCALE)]
     pub time_scale: f64,
-    /// Policies to compare, in order (comma-separated).
-    #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL.iter().map(|p| p.to_string()).collect::<Vec<_>>())]
+    /// Policies to compare, in order (comma-separated); `cache_aware_events` is cache_aware
+    /// routing on the engines' KV events (token mode, engines publish, router subscribes).
+    #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL.iter().map(|p| p.to_string()).chain([EVENTS_RUN.to_string()]).collect::<Vec<_>>())]
     pub policies: Vec<String>,
     /// Gateway shards [default: the cores this process may use].
     #[arg(long)]
@@ -188,6 +207,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                 num_gpu_blocks,
                 speedup_ratio: args.speedup_ratio,
                 seed: i as u64,
+                kv_events: Some(engine::events::KvEventsConfig {
+                    events_addr: "127.0.0.1:0".into(),
+                    replay_addr: Some("127.0.0.1:0".into()),
+                    ..Default::default()
+                }),
                 ..EngineConfig::default()
             };
             engine::server::spawn(cfg, tokenizer.clone())
@@ -199,20 +223,43 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .collect();
     let rt = tokio_runtime()?;
     let mut reports = Vec::new();
-    for policy in &args.policies {
-        let policy: PolicyKind = policy
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--policies: {e}"))?;
+    let mut notes = Vec::new();
+    for name in &args.policies {
+        let on_events = name == EVENTS_RUN;
+        let policy: PolicyKind = if on_events {
+            PolicyKind::CacheAware
+        } else {
+            name.parse()
+                .map_err(|e| anyhow::anyhow!("--policies: {e}"))?
+        };
         for url in &urls {
             rt.block_on(reset_engine(url))?;
         }
-        let cfg = Config {
+        let mut cfg = Config {
             listen: "127.0.0.1:0".to_string(),
             workers: urls.clone(),
             policy,
             shards: args.shards,
             ..Config::default()
         };
+        if on_events {
+            let Some(tok) = events_tokenizer() else {
+                eprintln!("-- {EVENTS_RUN}: skipped (no tokenizer; set KVROUTE_TOKENIZER)");
+                continue;
+            };
+            cfg.tokenizer = Some(tok);
+            cfg.workers = engines
+                .iter()
+                .map(|e| {
+                    format!(
+                        "http://{};events={};replay={}",
+                        e.addr,
+                        e.kv_events_endpoint.as_deref().unwrap_or_default(),
+                        e.kv_replay_endpoint.as_deref().unwrap_or_default()
+                    )
+                })
+                .collect();
+        }
         let server = gateway::start(cfg, false)?;
         let replay_cfg = ReplayConfig {
             url: format!("http://{}", server.local_addr()),
@@ -222,12 +269,18 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             model: engine::defaults::MODEL_NAME.to_string(),
             ..ReplayConfig::default()
         };
-        eprintln!("-- {policy}");
+        eprintln!("-- {name}");
         let report = rt.block_on(replay::replay(replay_cfg, &records, &prompts))?;
+        if let Some(ix) = server.shared().router.event_index() {
+            notes.push(events_note(&ix.read().unwrap_or_else(|p| p.into_inner())));
+        }
         server.shutdown();
-        reports.push((policy.to_string(), report));
+        reports.push((name.clone(), report));
     }
     println!("{}", replay::comparison_table(&reports));
+    for n in &notes {
+        println!("{n}");
+    }
     eprintln!("demo finished in {:.1} s", started.elapsed().as_secs_f64());
     if let Some(out) = &args.out {
         std::fs::write(
@@ -237,6 +290,37 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
+}
+
+/// One line of KV-event fault counters summed over every stream.
+fn events_note(ix: &kvroute_core::events::EventIndex) -> String {
+    let mut t = kvroute_core::events::StreamStats::default();
+    for (_, s) in ix.stats() {
+        t.batches += s.batches;
+        t.events += s.events;
+        t.gaps += s.gaps;
+        t.replays += s.replays;
+        t.unrecoverable_gaps += s.unrecoverable_gaps;
+        t.restarts += s.restarts;
+        t.duplicates += s.duplicates;
+        t.decode_errors += s.decode_errors;
+        t.orphans += s.orphans;
+        t.size_mismatches += s.size_mismatches + s.length_mismatches;
+    }
+    format!(
+        "{EVENTS_RUN}: {} batches, {} events, gaps {}, replays {}, unrecoverable {}, restarts {}, \
+         duplicates {}, decode errors {}, orphans {}, size mismatches {}",
+        t.batches,
+        t.events,
+        t.gaps,
+        t.replays,
+        t.unrecoverable_gaps,
+        t.restarts,
+        t.duplicates,
+        t.decode_errors,
+        t.orphans,
+        t.size_mismatches
+    )
 }
 
 /// Empties an engine's prefix cache (`POST /reset_prefix_cache`), waiting up to 10 s for it to
