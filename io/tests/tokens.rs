@@ -244,3 +244,31 @@ fn header_tokens_body_ids_and_text_mode() {
     }
     gw.shutdown();
 }
+
+#[test]
+fn chat_with_tools_renders_the_same_prompt_on_both_sides() {
+    // Tools change the rendered prompt (a system block with their JSON, keys in request
+    // order); the engine must render from the same bytes the router tokenizes.
+    let eng = engine();
+    let gw = gateway_to(format!("http://{}", eng.addr), Some(qwen3_dir()));
+    let body = json!({"model": "qwen3-sim", "max_tokens": 2,
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "messages": [{"role": "user", "content": paragraph(3)}]});
+    let resp = post(gw.local_addr(), "/v1/chat/completions", &body);
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let ids = last_key(&gw).input_ids.expect("token mode");
+    let plain = Tokenizer::qwen3().unwrap().encode(
+        &Tokenizer::qwen3()
+            .unwrap()
+            .render_chat(&body["messages"], true)
+            .unwrap(),
+    );
+    assert!(ids.len() > plain.len() + 20, "tools add a system block");
+    assert_eq!(
+        usage(&resp.json()).0,
+        ids.len(),
+        "engine prompt_tokens == router ids"
+    );
+    gw.shutdown();
+}

@@ -472,8 +472,27 @@ struct GenRequest {
     include_usage: bool,
 }
 
-/// Parses a generation body into token ids and options. The error is the 400 message.
+/// [`parse_gen_raw`] for a body that has no original bytes (tests): chats are rendered from
+/// its re-serialised JSON.
+#[cfg(test)]
 fn parse_gen(tok: &Tokenizer, api: Api, body: &Value) -> Result<GenRequest, String> {
+    parse_gen_raw(
+        tok,
+        api,
+        body,
+        &serde_json::to_vec(body).unwrap_or_default(),
+    )
+}
+
+/// Parses a generation body into token ids and options. The error is the 400 message. Chats
+/// are rendered from `raw` (the request bytes) exactly as the router renders them: `tools`,
+/// `chat_template_kwargs` and key order included.
+fn parse_gen_raw(
+    tok: &Tokenizer,
+    api: Api,
+    body: &Value,
+    raw: &[u8],
+) -> Result<GenRequest, String> {
     let obj = body
         .as_object()
         .ok_or("request body must be a JSON object")?;
@@ -504,7 +523,7 @@ fn parse_gen(tok: &Tokenizer, api: Api, body: &Value) -> Result<GenRequest, Stri
                 return Err("'messages' must be an array".into());
             }
             let text = tok
-                .render_chat(messages, true)
+                .render_chat_body(raw)
                 .map_err(|e| format!("cannot render chat template: {e}"))?;
             let max = match int_field(obj.get("max_completion_tokens"), "max_completion_tokens")? {
                 Some(m) => Some(m),
@@ -566,7 +585,7 @@ async fn generate(shared: Arc<Shared>, req: Request<Incoming>, api: Api) -> Resp
         Ok(v) => v,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}")),
     };
-    let gen_req = match parse_gen(&shared.tokenizer, api, &body) {
+    let gen_req = match parse_gen_raw(&shared.tokenizer, api, &body, &bytes) {
         Ok(g) => g,
         Err(msg) => return error_response(StatusCode::BAD_REQUEST, &msg),
     };
@@ -946,6 +965,26 @@ mod tests {
     fn tok() -> &'static Tokenizer {
         static T: OnceLock<Tokenizer> = OnceLock::new();
         T.get_or_init(|| Tokenizer::qwen3().expect("embedded qwen3"))
+    }
+
+    #[test]
+    fn parse_chat_renders_tools_from_the_raw_body() {
+        let body = json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "messages": [{"role": "user", "content": "Hello"}]});
+        let raw = serde_json::to_vec(&body).unwrap();
+        let with_tools = parse_gen_raw(tok(), Api::Chat, &body, &raw).unwrap();
+        let plain = parse_gen(
+            tok(),
+            Api::Chat,
+            &json!({"messages": [{"role": "user", "content": "Hello"}]}),
+        )
+        .unwrap();
+        assert!(
+            with_tools.prompt.len() > plain.prompt.len() + 20,
+            "{} vs {}",
+            with_tools.prompt.len(),
+            plain.prompt.len()
+        );
     }
 
     #[test]
