@@ -22,6 +22,9 @@ use kvroute_tokenize::{IncrementalTokenizer, TokenizeError, Tokenizer};
 use std::collections::HashMap;
 use std::path::Path;
 
+/// `--tokenizer` value naming the Qwen3 tokenizer embedded in the binary (no file needed).
+pub const BUILTIN_QWEN3: &str = "builtin:qwen3";
+
 /// Name of the header carrying routing token ids (SMG: `x-smg-routing-tokens`).
 pub const ROUTING_TOKENS_HEADER: &str = "x-kvroute-routing-tokens";
 /// Most ids accepted in [`ROUTING_TOKENS_HEADER`]. Source: SMG (anchors.md §2.1).
@@ -94,7 +97,12 @@ impl Tokenizers {
     /// are missing, unreadable or invalid, or whose chat template does not compile.
     pub fn load(cfg: &Config) -> Result<Self, CoreError> {
         let load = |model: &str, path: &Path| {
-            Tokenizer::from_path(path).map_err(|e| CoreError::Tokenizer {
+            let loaded = if path == Path::new(BUILTIN_QWEN3) {
+                Tokenizer::qwen3()
+            } else {
+                Tokenizer::from_path(path)
+            };
+            loaded.map_err(|e| CoreError::Tokenizer {
                 model: model.to_string(),
                 path: path.display().to_string(),
                 message: e.to_string(),
@@ -387,6 +395,22 @@ mod tests {
             None,
         );
         assert_eq!(k.input_ids, None);
+    }
+
+    #[test]
+    fn builtin_qwen3_needs_no_file() {
+        let t = Tokenizers::load(&Config {
+            tokenizer: Some(BUILTIN_QWEN3.into()),
+            ..Config::default()
+        })
+        .unwrap();
+        assert!(!t.is_empty());
+        let err = Tokenizers::load(&Config {
+            tokenizer: Some("builtin:nope".into()),
+            ..Config::default()
+        })
+        .unwrap_err();
+        assert!(matches!(err, CoreError::Tokenizer { .. }), "{err}");
     }
 
     #[test]

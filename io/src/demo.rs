@@ -32,19 +32,12 @@ pub const DEMO_TIME_SCALE: f64 = 4.0;
 /// Name of the demo run that routes on engine KV events (issue 5).
 pub const EVENTS_RUN: &str = "cache_aware_events";
 
-/// Tokenizer directory for the events run (token mode): `KVROUTE_TOKENIZER`, else the shared
-/// Qwen3 tokenizer beside the repository.
-fn events_tokenizer() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("KVROUTE_TOKENIZER") {
-        return Some(PathBuf::from(p));
-    }
-    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    [
-        here.join("../../shared/data/tokenizers/qwen3"),
-        PathBuf::from("../shared/data/tokenizers/qwen3"),
-    ]
-    .into_iter()
-    .find(|p| p.join("tokenizer.json").exists())
+/// Tokenizer for the events run (token mode): `KVROUTE_TOKENIZER`, else the embedded Qwen3
+/// tokenizer the simulated engines use.
+fn events_tokenizer() -> PathBuf {
+    std::env::var_os("KVROUTE_TOKENIZER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(kvroute_core::tokens::BUILTIN_QWEN3))
 }
 
 /// Flags of `kvroute demo`.
@@ -243,11 +236,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             ..Config::default()
         };
         if on_events {
-            let Some(tok) = events_tokenizer() else {
-                eprintln!("-- {EVENTS_RUN}: skipped (no tokenizer; set KVROUTE_TOKENIZER)");
-                continue;
-            };
-            cfg.tokenizer = Some(tok);
+            cfg.tokenizer = Some(events_tokenizer());
             cfg.workers = engines
                 .iter()
                 .map(|e| {

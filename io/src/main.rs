@@ -85,8 +85,9 @@ struct ServeArgs {
     /// Per-model string tree budget, chars.
     #[arg(long = "max-tree-size")]
     max_tree_size_chars: Option<usize>,
-    /// Tokenizer for token-mode routing of every model: a HF tokenizer.json, or a directory
-    /// with it and tokenizer_config.json (chat template). Loaded once; no network.
+    /// Tokenizer for token-mode routing of every model: a HF tokenizer.json, a directory
+    /// with it and tokenizer_config.json (chat template), or `builtin:qwen3` (embedded).
+    /// Loaded once; no network.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Tokenizer of one model, NAME=PATH (repeatable); wins over --tokenizer for that model.
