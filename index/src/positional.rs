@@ -1,10 +1,18 @@
 //! Exact positional index fed by engine KV events: which worker holds how many consecutive
 //! leading blocks of a request.
 //!
-//! Workers are split into shards of [`SHARD_WORKERS`] (64) dense ids. Each shard has one
-//! lock-free table `block key → 64-bit worker set` (readers never lock nor wait, see
-//! `table`) and exactly one [`EventWriter`], which applies that shard's events in order.
-//! [`EventIndex`] is the cheap, cloneable read handle used by every gateway shard.
+//! One lock-free table maps `block key → worker bitset` (bit `w % 64` of word `w / 64`;
+//! ⌈max_workers / 64⌉ words per key; readers never lock nor wait, see `table`). Workers are
+//! split into shards of [`SHARD_WORKERS`] (64) dense ids, each with exactly one
+//! [`EventWriter`] that applies that shard's events in order and owns one word of every
+//! bitset. The writers share the table's single-writer side through a writer-only mutex,
+//! taken once per event (not per block); readers never see it. [`EventIndex`] is the cheap,
+//! cloneable read handle used by every gateway shard.
+//!
+//! Why one table of wide bitsets rather than one table per 64-worker shard (the previous
+//! design): a query probes each block position once for every worker, instead of once per
+//! shard: at 8k tokens × 256 workers (`kvroute bench index` fixture) ~25 probes instead of
+//! ~100, each reading a 40-byte slot (one cache line) instead of four 16-byte slots.
 //!
 //! Block keys are kvroute's own chained hashes ([`crate::keys`]) computed from the event's
 //! token ids, so the engine's hash algorithm never matters; engine hashes are kept per
@@ -24,6 +32,7 @@ use crate::{IndexError, Namespace, TenantId};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Workers per shard: one 64-bit worker set per block key.
@@ -100,18 +109,20 @@ pub(crate) fn ns_mask(ns: Namespace) -> u64 {
     }
 }
 
-struct ShardShared {
-    table: Arc<SharedTable<1>>,
-    /// Bit `w % 64` set when worker `w` holds a block whose parent it does not hold.
-    holey: AtomicU64,
-    /// (worker, block) entries in this shard (gauge).
-    entries: AtomicUsize,
+/// State shared by the read handle and every writer.
+struct Shared {
+    table: Arc<SharedTable>,
+    /// Bit `w % 64` of word `w / 64` set when worker `w` holds a block whose parent it does
+    /// not hold (written only by the shard `w / 64`'s writer).
+    holey: Box<[AtomicU64]>,
+    /// (worker, block) entries of each shard (gauge, one per writer).
+    entries: Box<[AtomicUsize]>,
 }
 
 /// Read handle: cheap to clone, `Send + Sync`, lookups are lock-free.
 #[derive(Clone)]
 pub struct EventIndex {
-    shards: Arc<[Arc<ShardShared>]>,
+    shared: Arc<Shared>,
     block_size: usize,
 }
 
@@ -151,8 +162,10 @@ struct WorkerState {
 /// 4. The shared `entries` gauge = Σ over workers of held blocks.
 pub struct EventWriter {
     shard: usize,
-    shared: Arc<ShardShared>,
-    table: TableWriter<1>,
+    shared: Arc<Shared>,
+    /// The table's single writer, shared by all shard writers (writers only; readers never
+    /// touch this lock). Each writer only sets and clears bits of its own word.
+    table: Arc<Mutex<TableWriter>>,
     workers: Vec<WorkerState>,
     block_size: usize,
     ttl_ms: Option<u64>,
@@ -169,21 +182,20 @@ impl EventIndex {
     pub fn new(cfg: &EventIndexConfig) -> (EventIndex, Vec<EventWriter>) {
         assert!(cfg.block_size > 0, "block_size must be > 0");
         let n = cfg.max_workers.div_ceil(SHARD_WORKERS).max(1);
-        let mut shards = Vec::with_capacity(n);
         let mut writers = Vec::with_capacity(n);
         let per_shard_cap = cfg.max_entries.map(|m| m.div_ceil(n));
+        let table = TableWriter::new(n);
+        let shared = Arc::new(Shared {
+            table: table.shared(),
+            holey: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            entries: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+        });
+        let table = Arc::new(Mutex::new(table));
         for shard in 0..n {
-            let table = TableWriter::new();
-            let shared = Arc::new(ShardShared {
-                table: table.shared(),
-                holey: AtomicU64::new(0),
-                entries: AtomicUsize::new(0),
-            });
-            shards.push(Arc::clone(&shared));
             writers.push(EventWriter {
                 shard,
-                shared,
-                table,
+                shared: Arc::clone(&shared),
+                table: Arc::clone(&table),
                 workers: (0..SHARD_WORKERS).map(|_| WorkerState::default()).collect(),
                 block_size: cfg.block_size,
                 ttl_ms: cfg.ttl_ms,
@@ -193,7 +205,7 @@ impl EventIndex {
         }
         (
             EventIndex {
-                shards: shards.into(),
+                shared,
                 block_size: cfg.block_size,
             },
             writers,
@@ -207,74 +219,113 @@ impl EventIndex {
 
     /// (worker, block) entries held (gauge).
     pub fn entries(&self) -> usize {
-        self.shards
+        self.shared
+            .entries
             .iter()
-            .map(|s| s.entries.load(Ordering::Relaxed))
+            .map(|e| e.load(Ordering::Relaxed))
             .sum()
     }
 
-    /// Table memory, bytes (16 per slot); the writers' per-worker maps are counted by
-    /// [`EventWriter::memory_bytes`].
+    /// Table memory, bytes: slots allocated × 8 × (1 + ⌈max_workers / 64⌉). The writers'
+    /// per-worker maps are counted by [`EventWriter::memory_bytes`].
     pub fn table_bytes(&self) -> usize {
-        self.shards.iter().map(|s| s.table.capacity() * 16).sum()
+        self.shared.table.memory_bytes()
     }
 
-    /// Whether any worker has a non-zero overlap with `keys` (no allocation beyond the
-    /// answer; lock-free).
+    /// Overlap of every worker with `keys` (lock-free; allocates the answer and one scratch
+    /// buffer of O(words) words).
     ///
     /// `keys`: block keys of one request in namespace `ns`, in order ([`crate::keys`]).
     /// Returns each worker holding at least `keys[0]` with the number of consecutive leading
-    /// blocks it holds; a hole truncates the match. Cost O(shards + len/32 + drops·5) probes
-    /// for workers without holes, plus O(len) probes per shard with a holey worker in play.
+    /// blocks it holds; a hole truncates the match. Cost, in probes of the one table (each
+    /// answering for every worker): O(len/32 + drop points × 5) for workers without holes,
+    /// plus O(len) when a worker with holes holds `keys[0]`; then O(workers) to emit.
     pub fn find_matches(&self, ns: Namespace, keys: &[u64]) -> Overlap {
-        let mut out = Vec::new();
         if keys.is_empty() {
-            return out_overlap(out);
+            return Overlap::default();
         }
         let mask = ns_mask(ns);
+        let table = &self.shared.table;
+        let nw = table.words();
         let guard = crossbeam_epoch::pin();
-        for (s, shard) in self.shards.iter().enumerate() {
-            let base = (s * SHARD_WORKERS) as TenantId;
-            let probe = |i: usize| shard.table.get(keys[i] ^ mask, &guard)[0];
-            let first = probe(0);
-            if first == 0 {
-                continue;
-            }
-            let holey = shard.holey.load(Ordering::Acquire) & first;
-            let mut depth = [0u32; SHARD_WORKERS];
-            // Workers with holes: block by block.
-            if holey != 0 {
-                let mut active = holey;
-                let mut i = 1;
-                while active != 0 && i < keys.len() {
-                    let h = probe(i) & active;
-                    set_depth(&mut depth, active & !h, i as u32);
-                    active = h;
-                    i += 1;
+        // Scratch: first, active, row, dropped, holey, then 2 words-sets per bisect level.
+        let mut buf = vec![0u64; nw * (5 + 2 * BISECT_LEVELS)];
+        let (first, rest) = buf.split_at_mut(nw);
+        if !table.get_into(keys[0] ^ mask, &guard, first) {
+            return Overlap::default();
+        }
+        let (active, rest) = rest.split_at_mut(nw);
+        let (row, rest) = rest.split_at_mut(nw);
+        let (dropped, rest) = rest.split_at_mut(nw);
+        let (holey, scratch) = rest.split_at_mut(nw);
+        let probe = |i: usize, out: &mut [u64]| {
+            table.get_into(keys[i] ^ mask, &guard, out);
+        };
+        let mut any_holey = 0;
+        for (w, h) in holey.iter_mut().enumerate() {
+            *h = self.shared.holey[w].load(Ordering::Acquire) & first[w];
+            any_holey |= *h;
+        }
+        let mut depth = vec![0u32; nw * 64];
+        // Workers with holes: block by block.
+        if any_holey != 0 {
+            active.copy_from_slice(holey);
+            let mut i = 1;
+            while i < keys.len() {
+                probe(i, row);
+                let mut live = 0;
+                for w in 0..nw {
+                    let h = row[w] & active[w];
+                    set_depth(&mut depth[w * 64..], active[w] & !h, i as u32);
+                    active[w] = h;
+                    live |= h;
                 }
-                set_depth(&mut depth, active, keys.len() as u32);
-            }
-            // Prefix-closed workers: jump and bisect.
-            let mut active = first & !holey;
-            let mut lo = 0usize;
-            while active != 0 && lo + 1 < keys.len() {
-                let hi = (lo + JUMP).min(keys.len() - 1);
-                let h = probe(hi) & active;
-                let dropped = active & !h;
-                if dropped != 0 {
-                    bisect(&probe, &mut depth, lo, hi, dropped);
+                if live == 0 {
+                    break;
                 }
-                active = h;
-                lo = hi;
+                i += 1;
             }
-            set_depth(&mut depth, active, keys.len() as u32);
-            for (b, &d) in depth.iter().enumerate() {
-                if d > 0 {
-                    out.push((base + b as TenantId, d));
-                }
+            for (w, &a) in active.iter().enumerate() {
+                set_depth(&mut depth[w * 64..], a, keys.len() as u32);
             }
         }
-        out_overlap(out)
+        // Prefix-closed workers: jump and bisect.
+        let mut live = 0;
+        for w in 0..nw {
+            active[w] = first[w] & !holey[w];
+            live |= active[w];
+        }
+        let mut lo = 0usize;
+        while live != 0 && lo + 1 < keys.len() {
+            let hi = (lo + JUMP).min(keys.len() - 1);
+            probe(hi, row);
+            let mut any_drop = 0;
+            live = 0;
+            for w in 0..nw {
+                let h = row[w] & active[w];
+                dropped[w] = active[w] & !h;
+                any_drop |= dropped[w];
+                active[w] = h;
+                live |= h;
+            }
+            if any_drop != 0 {
+                bisect(&probe, &mut depth, lo, hi, dropped, scratch);
+            }
+            lo = hi;
+        }
+        for (w, &a) in active.iter().enumerate() {
+            set_depth(&mut depth[w * 64..], a, keys.len() as u32);
+        }
+        let mut out = Vec::with_capacity(first.iter().map(|w| w.count_ones() as usize).sum());
+        for (w, &f) in first.iter().enumerate() {
+            let mut f = f;
+            while f != 0 {
+                let b = w * 64 + f.trailing_zeros() as usize;
+                out.push((b as TenantId, depth[b]));
+                f &= f - 1;
+            }
+        }
+        Overlap(out)
     }
 
     /// [`Self::find_matches`] on raw token ids: keys of every full block of `tokens`.
@@ -283,12 +334,12 @@ impl EventIndex {
     }
 }
 
-fn out_overlap(v: Vec<(TenantId, u32)>) -> Overlap {
-    Overlap(v)
-}
+/// Levels of [`bisect`] recursion: log2([`JUMP`]) + 1.
+const BISECT_LEVELS: usize = JUMP.trailing_zeros() as usize + 1;
 
+/// Sets `depth[b] = d` for every bit `b` of `set` (`depth` starts at the word's worker 0).
 #[inline]
-fn set_depth(depth: &mut [u32; SHARD_WORKERS], mut set: u64, d: u32) {
+fn set_depth(depth: &mut [u32], mut set: u64, d: u32) {
     while set != 0 {
         let b = set.trailing_zeros() as usize;
         depth[b] = d;
@@ -296,26 +347,37 @@ fn set_depth(depth: &mut [u32; SHARD_WORKERS], mut set: u64, d: u32) {
     }
 }
 
-/// Every worker in `set` holds block `lo` and not block `hi`: finds each one's first missing
-/// block by bisection, probing once per step for the whole set.
+/// Every worker in `set` (a bitset of `set.len()` words) holds block `lo` and not block `hi`:
+/// finds each one's first missing block by bisection, probing once per step for the whole
+/// set. `scratch` holds 2 × `set.len()` words per remaining level.
 fn bisect(
-    probe: &impl Fn(usize) -> u64,
-    depth: &mut [u32; SHARD_WORKERS],
+    probe: &impl Fn(usize, &mut [u64]),
+    depth: &mut [u32],
     lo: usize,
     hi: usize,
-    set: u64,
+    set: &[u64],
+    scratch: &mut [u64],
 ) {
-    if set == 0 {
+    let nw = set.len();
+    if set.iter().all(|&w| w == 0) {
         return;
     }
     if hi == lo + 1 {
-        set_depth(depth, set, hi as u32);
+        for (w, &x) in set.iter().enumerate() {
+            set_depth(&mut depth[w * 64..], x, hi as u32);
+        }
         return;
     }
     let mid = lo + (hi - lo) / 2;
-    let h = probe(mid) & set;
-    bisect(probe, depth, lo, mid, set & !h);
-    bisect(probe, depth, mid, hi, h);
+    let (held, rest) = scratch.split_at_mut(nw);
+    let (gone, rest) = rest.split_at_mut(nw);
+    probe(mid, held);
+    for w in 0..nw {
+        held[w] &= set[w];
+        gone[w] = set[w] & !held[w];
+    }
+    bisect(probe, depth, lo, mid, gone, rest);
+    bisect(probe, depth, mid, hi, held, rest);
 }
 
 impl EventWriter {
@@ -341,15 +403,15 @@ impl EventWriter {
         let holey = self.workers[b].orphans > 0;
         let m = 1u64 << b;
         if holey {
-            self.shared.holey.fetch_or(m, Ordering::Release);
+            self.shared.holey[self.shard].fetch_or(m, Ordering::Release);
         } else {
-            self.shared.holey.fetch_and(!m, Ordering::Release);
+            self.shared.holey[self.shard].fetch_and(!m, Ordering::Release);
         }
     }
 
     fn set_entries(&self) {
         let n = self.workers.iter().map(|w| w.blocks.len()).sum();
-        self.shared.entries.store(n, Ordering::Relaxed);
+        self.shared.entries[self.shard].store(n, Ordering::Relaxed);
     }
 
     /// `BlockStored`: worker `worker` cached the blocks `engine_hashes` (in order; block `i`'s
@@ -394,12 +456,14 @@ impl EventWriter {
         };
         let now = touch_stamp(now_ms);
         let mut prev_hash = parent;
+        let table = Arc::clone(&self.table);
+        let mut table = lock(&table);
         for (i, &eh) in engine_hashes.iter().enumerate() {
             let local =
                 crate::keys::local_hash(&token_ids[i * self.block_size..][..self.block_size]);
             let key = chain(prev_key, local);
             prev_key = Some(key);
-            self.store_one(b, eh, key ^ mask, prev_hash, now);
+            self.store_one(&mut table, b, eh, key ^ mask, prev_hash, now);
             prev_hash = Some(eh);
         }
         self.sync_flags(b);
@@ -407,7 +471,15 @@ impl EventWriter {
         Ok(())
     }
 
-    fn store_one(&mut self, b: usize, eh: u64, key: u64, parent: Option<u64>, now: u32) {
+    fn store_one(
+        &mut self,
+        table: &mut TableWriter,
+        b: usize,
+        eh: u64,
+        key: u64,
+        parent: Option<u64>,
+        now: u32,
+    ) {
         let st = &mut self.workers[b];
         if let Some(r) = st.blocks.get_mut(&eh) {
             r.meta = (r.meta & HAS_PARENT) | now;
@@ -435,7 +507,7 @@ impl EventWriter {
                 meta,
             },
         );
-        self.table.update(key, |w| w[0] |= 1 << b);
+        table.set_bit(key, self.shard * SHARD_WORKERS + b, true);
     }
 
     /// `BlockRemoved`: worker `worker` evicted `engine_hashes`. Unknown hashes are ignored
@@ -450,15 +522,17 @@ impl EventWriter {
         engine_hashes: &[u64],
     ) -> Result<(), IndexError> {
         let b = self.bit(worker)?;
+        let table = Arc::clone(&self.table);
+        let mut table = lock(&table);
         for &eh in engine_hashes {
-            self.remove_one(b, eh);
+            self.remove_one(&mut table, b, eh);
         }
         self.sync_flags(b);
         self.set_entries();
         Ok(())
     }
 
-    fn remove_one(&mut self, b: usize, eh: u64) {
+    fn remove_one(&mut self, table: &mut TableWriter, b: usize, eh: u64) {
         let st = &mut self.workers[b];
         let Some(r) = st.blocks.remove(&eh) else {
             return;
@@ -480,7 +554,7 @@ impl EventWriter {
                 }
             }
         }
-        self.table.update(r.key, |w| w[0] &= !(1 << b));
+        table.set_bit(r.key, self.shard * SHARD_WORKERS + b, false);
     }
 
     /// `AllBlocksCleared`: worker `worker` dropped every block.
@@ -490,9 +564,11 @@ impl EventWriter {
     pub fn apply_cleared(&mut self, worker: TenantId) -> Result<(), IndexError> {
         let b = self.bit(worker)?;
         let st = std::mem::take(&mut self.workers[b]);
+        let mut table = lock(&self.table);
         for r in st.blocks.values() {
-            self.table.update(r.key, |w| w[0] &= !(1 << b));
+            table.set_bit(r.key, self.shard * SHARD_WORKERS + b, false);
         }
+        drop(table);
         self.sync_flags(b);
         self.set_entries();
         Ok(())
@@ -536,8 +612,10 @@ impl EventWriter {
         victims.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.2.cmp(&a.2)));
         let n = victims.len();
         let mut touched = 0u64;
+        let table = Arc::clone(&self.table);
+        let mut table = lock(&table);
         for (_, b, eh) in victims {
-            self.remove_one(b, eh);
+            self.remove_one(&mut table, b, eh);
             touched |= 1 << b;
         }
         for b in 0..SHARD_WORKERS {
@@ -549,12 +627,13 @@ impl EventWriter {
         n
     }
 
-    /// Memory of this shard, bytes: the table (16 per slot) and the per-worker maps
-    /// (capacity × (entry + 1 control byte)).
+    /// Memory of this shard, bytes: its equal share of the one table (slots allocated ×
+    /// 8 × (1 + words), divided by the number of writers, so the writers' sum is the whole
+    /// table) and its per-worker maps (capacity × (entry + 1 control byte)).
     pub fn memory_bytes(&self) -> usize {
         let rec = std::mem::size_of::<(u64, Rec)>() + 1;
         let dang = std::mem::size_of::<(u64, u32)>() + 1;
-        self.shared.table.capacity() * 16
+        self.shared.table.memory_bytes() / self.shared.holey.len()
             + self
                 .workers
                 .iter()
@@ -615,30 +694,37 @@ impl EventWriter {
             {
                 return bad(2, b);
             }
-            let flag = self.shared.holey.load(Ordering::Relaxed) & (1 << b) != 0;
+            let flag = self.shared.holey[self.shard].load(Ordering::Relaxed) & (1 << b) != 0;
             if flag != (st.orphans > 0) {
                 return bad(3, b);
             }
         }
-        let got: HashMap<u64, u64> = self
-            .table
+        let got: HashMap<u64, u64> = lock(&self.table)
             .entries()
             .into_iter()
-            .map(|(k, w)| (k, w[0]))
+            .map(|(k, w)| (k, w[self.shard]))
+            .filter(|&(_, w)| w != 0)
             .collect();
         let want: HashMap<u64, u64> = want
             .into_iter()
-            .map(|(k, v)| (if k == 0 { 0x9E37_79B9_7F4A_7C15 } else { k }, v))
+            .map(|(k, v)| (if k == 0 { crate::table::ZERO_KEY } else { k }, v))
             .collect();
         if got != want {
             return bad(1, 0);
         }
         let n: usize = self.workers.iter().map(|w| w.blocks.len()).sum();
-        if n != self.shared.entries.load(Ordering::Relaxed) {
+        if n != self.shared.entries[self.shard].load(Ordering::Relaxed) {
             return bad(4, 0);
         }
         Ok(())
     }
+}
+
+/// Locks the shared table writer. A writer that panicked mid-update leaves at most one
+/// bit stale (no torn structure: every table write is a single atomic store), so a
+/// poisoned lock is taken over rather than propagated.
+fn lock(t: &Mutex<TableWriter>) -> std::sync::MutexGuard<'_, TableWriter> {
+    t.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Touch stamp: seconds of `now_ms`, 31 bits (wraps after 68 years).
