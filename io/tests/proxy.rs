@@ -496,7 +496,7 @@ fn client_leaving_before_the_response_head_cancels_the_upstream_request_b41() {
     let eng = engine_with(0.05, 1);
     let gw = gateway_for(vec![url_of(&eng)], PolicyKind::LeastRequest, |_| {});
     let body = serde_json::to_vec(&chat(&"word ".repeat(2000), false, 50)).unwrap();
-    let mut s = open_post(gw.local_addr(), "/v1/chat/completions", &body);
+    let s = open_post(gw.local_addr(), "/v1/chat/completions", &body);
     let running = || {
         metric(
             &get(eng.addr, "/metrics").text(),
