@@ -211,6 +211,48 @@ struct EngineArgs {
     /// embedded Qwen3 tokenizer].
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// Publish KV events (vLLM wire format) on a PUB socket bound to this TCP port, on the
+    /// listen address's host. KV events are off unless this or `--kv-replay-port` is given
+    /// (vLLM's `enable_kv_cache_events` is false by default, and several engines on one host
+    /// would otherwise collide on one port); the missing port then takes its default.
+    #[arg(long)]
+    kv_events_port: Option<u16>,
+    /// Replay ROUTER port of the KV events (turns KV events on, see `--kv-events-port`).
+    #[arg(long)]
+    kv_replay_port: Option<u16>,
+    /// Encoding of the events in a batch: `array` (vLLM <= v0.23 tagged arrays) or `map`
+    /// (vLLM >= v0.26 tagged maps). Needs `--kv-events-port` or `--kv-replay-port`.
+    #[arg(long)]
+    kv_events_encoding: Option<kvroute_bench::engine::events::Encoding>,
+}
+
+impl EngineArgs {
+    /// The KV-event publishing these flags ask for, bound on `host`: `None` when neither port
+    /// flag is given. A missing port takes [`kvroute_bench::engine::events::EVENTS_PORT`] /
+    /// [`kvroute_bench::engine::events::REPLAY_PORT`]; the encoding defaults to
+    /// [`kvroute_bench::engine::events::Encoding::default`] (array).
+    ///
+    /// # Errors
+    /// `--kv-events-encoding` without a port flag (it would silently do nothing).
+    fn kv_events(
+        &self,
+        host: std::net::IpAddr,
+    ) -> anyhow::Result<Option<kvroute_bench::engine::events::KvEventsConfig>> {
+        use kvroute_bench::engine::events::{EVENTS_PORT, KvEventsConfig, REPLAY_PORT};
+        if self.kv_events_port.is_none() && self.kv_replay_port.is_none() {
+            if self.kv_events_encoding.is_some() {
+                anyhow::bail!("--kv-events-encoding needs --kv-events-port or --kv-replay-port");
+            }
+            return Ok(None);
+        }
+        let addr = |port: u16| std::net::SocketAddr::new(host, port).to_string();
+        Ok(Some(KvEventsConfig {
+            events_addr: addr(self.kv_events_port.unwrap_or(EVENTS_PORT)),
+            replay_addr: Some(addr(self.kv_replay_port.unwrap_or(REPLAY_PORT))),
+            encoding: self.kv_events_encoding.unwrap_or_default(),
+            ..KvEventsConfig::default()
+        }))
+    }
 }
 
 /// Flags of `kvroute replay`.
@@ -283,6 +325,18 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
         ("speedup_ratio", e::SPEEDUP_RATIO.to_string()),
         ("max_model_len", e::MAX_MODEL_LEN.to_string()),
         ("seed", e::SEED.to_string()),
+        (
+            "kv_events_port",
+            kvroute_bench::engine::events::EVENTS_PORT.to_string(),
+        ),
+        (
+            "kv_replay_port",
+            kvroute_bench::engine::events::REPLAY_PORT.to_string(),
+        ),
+        (
+            "kv_events_encoding",
+            kvroute_bench::engine::events::Encoding::default().to_string(),
+        ),
     ];
     let add = |sub: clap::Command, table: &[(&str, String)]| {
         table.iter().fold(sub, |sub, (id, value)| {
@@ -334,9 +388,10 @@ fn main() -> anyhow::Result<()> {
 
 fn run_engine(args: EngineArgs) -> anyhow::Result<()> {
     let mut cfg = kvroute_bench::engine::EngineConfig::default();
-    if let Some(v) = args.listen {
+    if let Some(v) = &args.listen {
         cfg.listen = v.parse().with_context(|| format!("--listen {v}"))?;
     }
+    cfg.kv_events = args.kv_events(cfg.listen.ip())?;
     if let Some(v) = args.model {
         cfg.model_name = v;
     }
@@ -383,4 +438,75 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvroute_bench::engine::events::{EVENTS_PORT, Encoding, REPLAY_PORT};
+
+    fn engine_args(argv: &[&str]) -> Result<EngineArgs, clap::Error> {
+        let m = with_defaults(Cli::command())
+            .try_get_matches_from(["kvroute", "engine"].iter().chain(argv))?;
+        match Cli::from_arg_matches(&m)?.command {
+            Command::Engine(a) => Ok(a),
+            other => panic!("not engine: {other:?}"),
+        }
+    }
+
+    fn lo() -> std::net::IpAddr {
+        "127.0.0.1".parse().unwrap()
+    }
+
+    #[test]
+    fn engine_kv_events_off_without_port_flags() {
+        let a = engine_args(&[]).unwrap();
+        assert_eq!(a.kv_events(lo()).unwrap(), None);
+    }
+
+    #[test]
+    fn engine_kv_events_port_flags_and_defaults() {
+        let a = engine_args(&["--kv-events-port", "6001", "--kv-events-encoding", "map"]).unwrap();
+        let c = a.kv_events(lo()).unwrap().expect("on");
+        assert_eq!(c.events_addr, "127.0.0.1:6001");
+        assert_eq!(
+            c.replay_addr.as_deref(),
+            Some(format!("127.0.0.1:{REPLAY_PORT}").as_str())
+        );
+        assert_eq!(c.encoding, Encoding::Map);
+        assert_eq!(c.buffer_steps, kvroute_bench::engine::events::BUFFER_STEPS);
+
+        let a = engine_args(&["--kv-replay-port", "6002"]).unwrap();
+        let c = a.kv_events(lo()).unwrap().expect("on");
+        assert_eq!(c.events_addr, format!("127.0.0.1:{EVENTS_PORT}"));
+        assert_eq!(c.replay_addr.as_deref(), Some("127.0.0.1:6002"));
+        assert_eq!(c.encoding, Encoding::Array);
+    }
+
+    #[test]
+    fn engine_kv_events_bad_values_rejected() {
+        assert!(engine_args(&["--kv-events-encoding", "json", "--kv-events-port", "1"]).is_err());
+        assert!(engine_args(&["--kv-events-port", "70000"]).is_err());
+        let a = engine_args(&["--kv-events-encoding", "map"]).unwrap();
+        assert!(a.kv_events(lo()).is_err());
+    }
+
+    #[test]
+    fn engine_help_shows_kv_event_defaults() {
+        let mut cmd = with_defaults(Cli::command());
+        let help = cmd
+            .find_subcommand_mut("engine")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(
+            help.contains(&format!("[default: {EVENTS_PORT}]")),
+            "{help}"
+        );
+        assert!(
+            help.contains(&format!("[default: {REPLAY_PORT}]")),
+            "{help}"
+        );
+        assert!(help.contains("[default: array]"), "{help}");
+    }
 }

@@ -109,6 +109,8 @@ pub fn start(sources: Vec<EventSource>, index: SharedEvents) -> std::io::Result<
         if let Some(r) = &s.replay {
             let d = ctx.socket(::zmq::DEALER).map_err(zerr)?;
             d.set_rcvtimeo(REPLAY_READ_TIMEOUT_MS).map_err(zerr)?;
+            // A whole replay (the engine's buffer, 10,000 batches) may queue here.
+            d.set_rcvhwm(SUB_HWM).map_err(zerr)?;
             d.set_linger(0).map_err(zerr)?;
             d.set_reconnect_ivl(RECONNECT_IVL_MS).map_err(zerr)?;
             d.set_reconnect_ivl_max(RECONNECT_IVL_MAX_MS)

@@ -27,6 +27,13 @@ pub const BUFFER_STEPS: usize = 10_000;
 /// PUB send high-water mark, messages (vLLM `hwm`).
 pub const HWM: i32 = 100_000;
 
+/// Send high-water mark of the replay ROUTER for a buffer of `buffer_steps` batches, messages:
+/// `2 × (buffer_steps + 1)`, so a full replay and its end marker always fit. Source: vLLM
+/// `ZmqEventPublisher._replay_hwm`.
+pub fn replay_hwm(buffer_steps: usize) -> i32 {
+    i32::try_from(2 * (buffer_steps.saturating_add(1))).unwrap_or(i32::MAX)
+}
+
 /// How events are encoded inside a batch (`kv-events.md` §3.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Encoding {
@@ -35,6 +42,16 @@ pub enum Encoding {
     Array,
     /// `type`-tagged maps (vLLM ≥ v0.26): nil defaulted fields omitted.
     Map,
+}
+
+impl std::fmt::Display for Encoding {
+    /// `array` or `map`, as [`FromStr`](std::str::FromStr) reads it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Encoding::Array => "array",
+            Encoding::Map => "map",
+        })
+    }
 }
 
 impl std::str::FromStr for Encoding {
@@ -262,6 +279,11 @@ impl Publisher {
             Some(a) => {
                 let r = ctx.socket(zmq::ROUTER).map_err(zerr)?;
                 r.set_linger(0).map_err(zerr)?;
+                // A ROUTER silently drops what exceeds its send HWM (default 1,000), which
+                // would cut every replay longer than that into an unrecoverable gap. Queue a
+                // full buffer plus the end marker, twice over (libzmq acknowledges reads only
+                // every HWM/2 messages), as vLLM's `ZmqEventPublisher` does.
+                r.set_sndhwm(replay_hwm(cfg.buffer_steps)).map_err(zerr)?;
                 r.bind(&tcp_endpoint(a)).map_err(zerr)?;
                 let ep = last_endpoint(&r)?;
                 (Some(r), Some(ep))
@@ -480,6 +502,66 @@ mod tests {
             encode_batch(1_700_000_000.5, &g1_events(), 16, Encoding::Array, 0),
             g2
         );
+    }
+
+    /// A replay longer than libzmq's default ROUTER send HWM (1,000) arrives whole: 5,000
+    /// batches and the end marker, in order. Before the HWM was raised, the ROUTER silently
+    /// dropped everything past ~2,000 queued messages, so a router joining a busy engine saw
+    /// an unrecoverable gap (the demo's "unrecoverable 4").
+    #[test]
+    fn long_replay_is_not_cut_by_the_router_hwm() {
+        const N: u64 = 5_000;
+        let publisher = Publisher::start(KvEventsConfig {
+            events_addr: "127.0.0.1:0".into(),
+            replay_addr: Some("127.0.0.1:0".into()),
+            ..KvEventsConfig::default()
+        })
+        .unwrap();
+        let tx = publisher.sender();
+        for i in 0..N {
+            tx.send(PublishMsg::Batch {
+                ts: 0.0,
+                events: vec![BlockEvent::Removed { hashes: vec![i] }],
+                block_size: 16,
+            })
+            .unwrap();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while publisher
+            .stats
+            .batches
+            .load(std::sync::atomic::Ordering::Relaxed)
+            < N
+        {
+            assert!(std::time::Instant::now() < deadline, "publisher stalled");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let ctx = zmq::Context::new();
+        let d = ctx.socket(zmq::DEALER).unwrap();
+        d.set_rcvtimeo(2_000).unwrap();
+        d.set_linger(0).unwrap();
+        d.connect(publisher.replay_endpoint.as_deref().unwrap())
+            .unwrap();
+        d.send_multipart([&b""[..], &0u64.to_be_bytes()], 0)
+            .unwrap();
+        // Let the publisher queue the whole replay before anything is read.
+        std::thread::sleep(Duration::from_millis(500));
+        let mut seqs = Vec::new();
+        let mut ended = false;
+        for _ in 0..N + 10 {
+            let Ok(frames) = d.recv_multipart(0) else {
+                break;
+            };
+            let seq = u64::from_be_bytes(frames[frames.len() - 2].as_slice().try_into().unwrap());
+            if seq == u64::MAX {
+                ended = true;
+                break;
+            }
+            seqs.push(seq);
+        }
+        assert_eq!(seqs.len() as u64, N, "replayed batches");
+        assert!(seqs.iter().copied().eq(0..N), "in order, no hole");
+        assert!(ended, "end marker");
     }
 
     #[test]
