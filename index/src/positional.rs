@@ -399,7 +399,18 @@ impl EventWriter {
         Ok(w % SHARD_WORKERS)
     }
 
+    /// Publishes worker `b`'s holey bit and trims its maps' spare capacity: hash maps
+    /// never shrink on removal, so a burst of holes (the `dangling` map) or a cleared worker
+    /// would otherwise keep its peak memory forever. Shrinking at < ¼ full keeps the cost
+    /// amortised O(1) per removal.
     fn sync_flags(&mut self, b: usize) {
+        let st = &mut self.workers[b];
+        if st.dangling.capacity() > 4 * st.dangling.len() + 16 {
+            st.dangling.shrink_to(st.dangling.len() * 2);
+        }
+        if st.blocks.capacity() > 4 * st.blocks.len() + 64 {
+            st.blocks.shrink_to(st.blocks.len() * 2);
+        }
         let holey = self.workers[b].orphans > 0;
         let m = 1u64 << b;
         if holey {
@@ -1012,6 +1023,31 @@ mod tests {
                 prop_assert_eq!(w[wk as usize / 64].worker_blocks(wk), r.worker_blocks(wk));
             }
         }
+    }
+
+    /// Memory is counted from capacity and given back: removing every block one event at a
+    /// time shrinks the worker maps to near nothing (hash maps never shrink by themselves).
+    #[test]
+    fn memory_accounting_shrinks_after_removals() {
+        let (ix, mut w) = EventIndex::new(&cfg(1));
+        let mut r = ReferenceEventIndex::new();
+        let empty = w[0].memory_bytes();
+        store(&mut w, &mut r, 0, 1, 0, 4_000);
+        let full = w[0].memory_bytes();
+        assert!(
+            full >= 4_000 * 32,
+            "at least one 32-byte record per block: {full}"
+        );
+        for i in (0..4_000).rev() {
+            w[0].apply_removed(0, &[ehash(1, i)]).unwrap();
+        }
+        check(&w);
+        assert_eq!(ix.entries(), 0);
+        let after = w[0].memory_bytes();
+        assert!(
+            after - ix.table_bytes() <= 4_096,
+            "maps trimmed: {after} (empty {empty})"
+        );
     }
 
     /// Harness self-test: a broken answer (the hole ignored) is caught by the comparison.
