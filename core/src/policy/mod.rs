@@ -248,8 +248,9 @@ impl Router {
     /// or it holds nothing (then the token tree decides). Workers holding more than
     /// `cache_threshold` of the request in consecutive leading blocks are candidates; among the
     /// non-hot ones the deepest overlap wins, ties by load (`TokenHit`); all candidates hot →
-    /// `Spill`; none → `CacheMiss` (least loaded). Reads only: nothing
-    /// the router decides is written into the event index.
+    /// `Spill`; none → `None` as well: the token tree decides (requests in flight that no
+    /// engine has announced yet), else `CacheMiss`. Reads only: nothing the router decides is
+    /// written into the event index.
     fn decide_on_events(
         &self,
         ids: &[u32],
@@ -299,10 +300,12 @@ impl Router {
                 worker: least(rng),
                 reason: Reason::Spill,
             },
-            None => Decision {
-                worker: least(rng),
-                reason: Reason::CacheMiss,
-            },
+            // No engine holds enough of the prompt *yet*: engines announce blocks only once
+            // they schedule the request, so the followers of a new shared prefix arrive
+            // before its stores. The token tree (where the router sent recent requests)
+            // decides those, so a burst lands together instead of recomputing the prefix on
+            // every least-loaded worker; with no tree match either it is the same miss.
+            None => return None,
         })
     }
 
@@ -384,7 +387,8 @@ impl Router {
     }
 
     fn decide_cache_aware(&self, key: &RouteKey, loads: &[usize], rng: &mut impl Rng) -> Decision {
-        const NS: Namespace = 0;
+        // Cache partition (cache_salt / extra_key / LoRA): different namespaces never match.
+        let ns: Namespace = key.namespace;
         let least = |rng: &mut _| least_loaded(loads, 0..loads.len(), rng).unwrap_or(0);
         let ids = key.input_ids.as_deref().filter(|v| !v.is_empty());
         if key.text.is_empty() && ids.is_none() {
@@ -402,18 +406,18 @@ impl Router {
         let (matched, len, tenants, tokens) = match (ids, &idx.hash) {
             (Some(ids), Some(h)) => {
                 let now = self.started.elapsed().as_millis() as u64;
-                match h.read().lookup(NS, ids, now) {
+                match h.read().lookup(ns, ids, now) {
                     Some((b, ts)) => (b, ids.len(), ts, true),
                     None => (0, ids.len(), Vec::new(), true),
                 }
             }
             (Some(ids), None) => {
-                let m = idx.tokens.read().match_prefix(NS, ids);
+                let m = idx.tokens.read().match_prefix(ns, ids);
                 (m.matched_tokens, ids.len(), m.tenants, true)
             }
             (None, Some(_)) => (0, 1, Vec::new(), false),
             (None, None) => {
-                let m = idx.strings.read().match_prefix(NS, &key.text);
+                let m = idx.strings.read().match_prefix(ns, &key.text);
                 (m.matched_chars, key.text.chars().count(), m.tenants, false)
             }
         };
@@ -465,20 +469,20 @@ impl Router {
     }
 
     fn record(&self, idx: &ModelIndexes, key: &RouteKey, worker: TenantId) {
-        const NS: Namespace = 0;
+        let ns: Namespace = key.namespace;
         match (
             key.input_ids.as_deref().filter(|v| !v.is_empty()),
             &idx.hash,
         ) {
             (Some(ids), Some(h)) => {
                 let now = self.started.elapsed().as_millis() as u64;
-                h.write(HashOp::Record(NS, ids.to_vec(), worker, now));
+                h.write(HashOp::Record(ns, ids.to_vec(), worker, now));
             }
-            (Some(ids), None) => idx.tokens.write(TreeOp::Insert(NS, ids.into(), worker)),
+            (Some(ids), None) => idx.tokens.write(TreeOp::Insert(ns, ids.into(), worker)),
             (None, Some(_)) => {}
             (None, None) => idx
                 .strings
-                .write(TreeOp::Insert(NS, key.text.as_str().into(), worker)),
+                .write(TreeOp::Insert(ns, key.text.as_str().into(), worker)),
         }
     }
 

@@ -407,3 +407,30 @@ fn remove_worker_purges_both_trees() {
     r.remove_worker(0);
     assert_eq!((r.tree_tokens("m"), r.tree_chars("m")), (0, 0));
 }
+
+#[test]
+fn cache_partitions_never_match_each_other() {
+    // issue 3 item 5 / anchors §2.7: the same prompt under another cache_salt or LoRA
+    // namespace is a miss; under its own namespace it is a hit.
+    let r = router(PolicyKind::CacheAware);
+    let text = "a prompt shared by two tenants with different salts ".repeat(3);
+    let salted = |ns: u64| RouteKey {
+        namespace: ns,
+        ..text_key(&text)
+    };
+    assert_eq!(r.decide(&salted(7), &[0, 1]).worker, 0);
+    let other = r.decide(&salted(9), &[0, 1]);
+    assert_eq!(other.reason, Reason::CacheMiss);
+    let same = r.decide(&salted(7), &[3, 0]);
+    assert_eq!(same.worker, 0);
+    assert!(matches!(same.reason, Reason::CacheHit { .. }));
+    // Token requests too.
+    let ids: Vec<u32> = (0..64).collect();
+    let tok = |ns: u64| RouteKey {
+        namespace: ns,
+        input_ids: Some(ids.clone()),
+        ..text_key("")
+    };
+    assert_eq!(r.decide(&tok(1), &[0, 1]).worker, 0);
+    assert_eq!(r.decide(&tok(2), &[0, 1]).reason, Reason::CacheMiss);
+}
