@@ -335,7 +335,10 @@ async fn proxy(
 ) -> bool {
     let started = Instant::now();
     let loads = shared.workers.loads();
-    let decision = shared.router.decide(&key, &loads);
+    // The clock is read here, not inside the policy (a policy is a pure function of its inputs).
+    let decision = shared
+        .router
+        .decide_at(&key, &loads, shared.router.now_ms());
     shared
         .metrics
         .on_decision(shared.policy_name, decision.reason.as_str());

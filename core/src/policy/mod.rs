@@ -364,12 +364,30 @@ impl Router {
     ///   the least-loaded worker (`Spill`). Otherwise → the least-loaded worker (`CacheMiss`).
     ///   Then the request is recorded for the chosen worker (a spill target becomes one more
     ///   holder); each tree keeps itself within its budget at every insert. A request with
-    ///   neither text nor ids is a miss and is not recorded. Namespace: 0 (the route key does
-    ///   not carry cache_salt / LoRA yet).
+    ///   neither text nor ids is a miss and is not recorded. Indexes are matched and written
+    ///   under `key.namespace` (cache partition).
+    ///
+    /// The hash index's TTL needs a time: this reads the router's own clock. Callers that own
+    /// a clock (the gateway, a simulator) call [`Router::decide_at`] instead.
     ///
     /// # Panics
     /// When `loads` is empty.
     pub fn decide(&self, key: &RouteKey, loads: &[usize]) -> Decision {
+        self.decide_at(key, loads, self.now_ms())
+    }
+
+    /// Milliseconds since the router was made: the time base of [`Router::decide_at`].
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// [`Router::decide`] at `now_ms` (ms on the [`Router::now_ms`] time base): a function of
+    /// the request, the loads snapshot, the time given and the router's indexes; no clock is
+    /// read.
+    ///
+    /// # Panics
+    /// When `loads` is empty.
+    pub fn decide_at(&self, key: &RouteKey, loads: &[usize], now_ms: u64) -> Decision {
         assert!(!loads.is_empty(), "decide needs at least one worker");
         let mut rng = rand::rng();
         let all = 0..loads.len();
@@ -382,11 +400,17 @@ impl Router {
                 worker: least_loaded(loads, all, &mut rng).unwrap_or(0),
                 reason: Reason::LeastRequest,
             },
-            PolicyKind::CacheAware => self.decide_cache_aware(key, loads, &mut rng),
+            PolicyKind::CacheAware => self.decide_cache_aware(key, loads, now_ms, &mut rng),
         }
     }
 
-    fn decide_cache_aware(&self, key: &RouteKey, loads: &[usize], rng: &mut impl Rng) -> Decision {
+    fn decide_cache_aware(
+        &self,
+        key: &RouteKey,
+        loads: &[usize],
+        now: u64,
+        rng: &mut impl Rng,
+    ) -> Decision {
         // Cache partition (cache_salt / extra_key / LoRA): different namespaces never match.
         let ns: Namespace = key.namespace;
         let least = |rng: &mut _| least_loaded(loads, 0..loads.len(), rng).unwrap_or(0);
@@ -399,18 +423,15 @@ impl Router {
         }
         let idx = self.model(&key.model);
         if let Some(d) = ids.and_then(|ids| self.decide_on_events(ids, loads, rng)) {
-            self.record(&idx, key, d.worker as TenantId);
+            self.record(&idx, key, d.worker as TenantId, now);
             return d;
         }
         // (matched, request length, candidate tenants, is_tokens)
         let (matched, len, tenants, tokens) = match (ids, &idx.hash) {
-            (Some(ids), Some(h)) => {
-                let now = self.started.elapsed().as_millis() as u64;
-                match h.read().lookup(ns, ids, now) {
-                    Some((b, ts)) => (b, ids.len(), ts, true),
-                    None => (0, ids.len(), Vec::new(), true),
-                }
-            }
+            (Some(ids), Some(h)) => match h.read().lookup(ns, ids, now) {
+                Some((b, ts)) => (b, ids.len(), ts, true),
+                None => (0, ids.len(), Vec::new(), true),
+            },
             (Some(ids), None) => {
                 let m = idx.tokens.read().match_prefix(ns, ids);
                 (m.matched_tokens, ids.len(), m.tenants, true)
@@ -464,18 +485,17 @@ impl Router {
                 reason: Reason::CacheMiss,
             }
         };
-        self.record(&idx, key, decision.worker as TenantId);
+        self.record(&idx, key, decision.worker as TenantId, now);
         decision
     }
 
-    fn record(&self, idx: &ModelIndexes, key: &RouteKey, worker: TenantId) {
+    fn record(&self, idx: &ModelIndexes, key: &RouteKey, worker: TenantId, now: u64) {
         let ns: Namespace = key.namespace;
         match (
             key.input_ids.as_deref().filter(|v| !v.is_empty()),
             &idx.hash,
         ) {
             (Some(ids), Some(h)) => {
-                let now = self.started.elapsed().as_millis() as u64;
                 h.write(HashOp::Record(ns, ids.to_vec(), worker, now));
             }
             (Some(ids), None) => idx.tokens.write(TreeOp::Insert(ns, ids.into(), worker)),
