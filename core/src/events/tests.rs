@@ -501,3 +501,63 @@ fn engine_restart_clears_the_stream() {
     assert_eq!(ix.find_matches(&chain_keys(None, &b, 16)).len(), 1);
     assert_eq!(ix.stats_mut(RANK0).restarts, 1);
 }
+
+/// Routing on events when no engine has announced the prompt yet: engines publish a store only
+/// once they schedule the request, so the followers of a new prefix arrive first. They follow
+/// the router's own recent decision (token tree) instead of scattering over least-loaded
+/// workers; once an engine announces the prefix, the event index decides.
+#[test]
+fn unannounced_prefix_follows_the_routers_recent_decision_until_events_arrive() {
+    use crate::config::{Config, PolicyKind};
+    use crate::policy::{Reason, Router};
+    use crate::route_key::RouteKey;
+    use std::sync::{Arc, RwLock};
+
+    let mut router = Router::new(&Config {
+        policy: PolicyKind::CacheAware,
+        ..Config::default()
+    });
+    let events = Arc::new(RwLock::new(EventIndex::new(16)));
+    router.set_event_index(events.clone());
+    // The event index holds something else, so it is consulted.
+    let other = toks(5_000..5_064);
+    events.write().unwrap().apply_batch(
+        StreamId { worker: 2, rank: 0 },
+        &decode::decode_batch(&batch(vec![store(&[7, 8, 9, 10], None, &other, 16)], 0)).unwrap(),
+    );
+    let key = RouteKey {
+        model: "m".into(),
+        input_ids: Some(toks(0..128)),
+        ..RouteKey::default()
+    };
+    let first = router.decide(&key, &[0, 0, 0, 0]);
+    assert_eq!(first.reason, Reason::CacheMiss);
+    let w = first.worker;
+    // The first request is in flight on `w` (load 1); the engine has not announced it.
+    let mut loads = [0, 0, 0, 0];
+    loads[w] = 1;
+    for _ in 0..20 {
+        let d = router.decide(&key, &loads);
+        assert_eq!(d.worker, w, "follower scattered: {d:?}");
+        assert!(matches!(d.reason, Reason::TokenHit { .. }), "{d:?}");
+    }
+    // Engine 3 announces the whole prompt: the event index decides, whatever the tree says.
+    let t = toks(0..128);
+    let hashes: Vec<u64> = (100..108).collect();
+    events.write().unwrap().apply_batch(
+        StreamId { worker: 3, rank: 0 },
+        &decode::decode_batch(&batch(vec![store(&hashes, None, &t, 16)], 0)).unwrap(),
+    );
+    let d = router.decide(&key, &loads);
+    assert_eq!(d.worker, 3, "{d:?}");
+    assert!(
+        matches!(
+            d.reason,
+            Reason::TokenHit {
+                matched_tokens: 128,
+                ..
+            }
+        ),
+        "{d:?}"
+    );
+}
