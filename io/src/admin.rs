@@ -43,7 +43,8 @@ fn stream_json(rank: u32, st: &StreamStats, keys: usize) -> serde_json::Value {
         "rank": rank, "keys": keys, "batches": st.batches, "events": st.events,
         "gaps": st.gaps, "replays": st.replays, "unrecoverable_gaps": st.unrecoverable_gaps,
         "restarts": st.restarts, "duplicates": st.duplicates, "decode_errors": st.decode_errors,
-        "orphans": st.orphans, "length_mismatches": st.length_mismatches,
+        "orphans": st.orphans, "orphan_replays": st.orphan_replays,
+        "length_mismatches": st.length_mismatches,
         "size_mismatches": st.size_mismatches,
         "declared_size_mismatches": st.declared_size_mismatches,
         "last_seq": st.last_seq, "learned_block_size": st.learned_block_size,
@@ -51,7 +52,8 @@ fn stream_json(rank: u32, st: &StreamStats, keys: usize) -> serde_json::Value {
 }
 
 /// Prometheus text for every event stream: `kvroute_kv_events_{batches,events,gaps,replays,
-/// unrecoverable_gaps,restarts,duplicates,decode_errors,orphans,size_mismatches}_total`,
+/// unrecoverable_gaps,restarts,duplicates,decode_errors,orphans,orphan_replays,
+/// size_mismatches}_total`,
 /// `kvroute_kv_events_last_seq` and `kvroute_kv_indexed_blocks`, labels `worker`, `rank`.
 /// Inserted before the closing `# EOF` of `text`; nothing without an event index.
 pub fn append_metrics(shared: &Shared, text: &mut String) {
@@ -62,7 +64,7 @@ pub fn append_metrics(shared: &Shared, text: &mut String) {
     let stats = ix.stats();
     let mut out = String::new();
     type Get = fn(&StreamStats) -> u64;
-    let counters: [(&str, Get); 10] = [
+    let counters: [(&str, Get); 11] = [
         ("batches", |s| s.batches),
         ("events", |s| s.events),
         ("gaps", |s| s.gaps),
@@ -72,6 +74,7 @@ pub fn append_metrics(shared: &Shared, text: &mut String) {
         ("duplicates", |s| s.duplicates),
         ("decode_errors", |s| s.decode_errors),
         ("orphans", |s| s.orphans),
+        ("orphan_replays", |s| s.orphan_replays),
         ("size_mismatches", |s| {
             s.size_mismatches + s.length_mismatches
         }),

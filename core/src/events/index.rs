@@ -89,6 +89,12 @@ pub struct StreamStats {
     pub skipped_events: u64,
     /// Stores whose parent is unknown, skipped (§8.7, B39).
     pub orphans: u64,
+    /// Replays of the engine's whole buffer asked for because stores were orphans (B39), at
+    /// most one per [`super::sequence::ORPHAN_REPLAY_EVERY_BATCHES`] batches; also counted in
+    /// `replays`.
+    pub orphan_replays: u64,
+    /// Batches applied a second time by those replays (not counted in `batches`/`events`).
+    pub reapplied_batches: u64,
     /// Stores whose token count is not blocks × block size, skipped (§8.10).
     pub length_mismatches: u64,
     /// Stores whose declared `block_size` differs from the learned one (§8.9).

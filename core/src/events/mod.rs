@@ -21,6 +21,7 @@
 //! | live seq ≤ last, same payload as applied | duplicate, dropped | §8.3 |
 //! | live seq ≤ last, other payload | engine restart: clear the stream | §2, §8.5 |
 //! | `AllBlocksCleared` | clear the stream | §8.6, B24 |
+//! | a store's parent is unknown (orphan) | count it; replay the engine's whole buffer and re-apply it in order (at most once per 1,000 batches) | §8.7, B39 |
 
 pub mod decode;
 pub mod index;
@@ -132,9 +133,48 @@ impl Consumer {
             Input::Replay { seq, payload } => tracker.on_replay(seq, payload),
             Input::ReplayEnd => tracker.on_replay_end(),
         };
+        let orphans_before = index.stats_mut(stream).orphans;
+        let mut replay = Self::run_steps(index, stream, steps);
+        if replay.is_none() && index.stats_mut(stream).orphans > orphans_before {
+            // B39: a lost store is never re-announced while the engine keeps the block;
+            // relearn it from the engine's buffer (rate-limited by the tracker).
+            replay = self
+                .trackers
+                .get_mut(&stream)
+                .and_then(SeqTracker::request_relearn);
+            if replay.is_some() {
+                let stats = index.stats_mut(stream);
+                stats.orphan_replays += 1;
+                stats.replays += 1;
+                tracing::info!(
+                    worker = stream.worker,
+                    rank = stream.rank,
+                    orphans = stats.orphans,
+                    "KV event orphan stores: replaying the engine's buffer"
+                );
+            }
+        }
+        replay
+    }
+
+    /// Carries out `steps` for `stream`; returns the replay start they ask for, if any.
+    fn run_steps(index: &mut EventIndex, stream: StreamId, steps: Vec<Step>) -> Option<u64> {
         let mut replay = None;
         for step in steps {
             match step {
+                Step::Reapply { seq, payload } => match decode::decode_batch(&payload) {
+                    Ok(batch) => {
+                        // Counters saw this batch when it first arrived.
+                        let before = index.stats_mut(stream).clone();
+                        index.apply_batch(stream, &batch);
+                        let stats = index.stats_mut(stream);
+                        *stats = before;
+                        stats.reapplied_batches += 1;
+                    }
+                    Err(e) => {
+                        tracing::debug!(worker = stream.worker, seq, "reapplied batch: {e}");
+                    }
+                },
                 Step::Apply { seq, payload } => {
                     let stats = index.stats_mut(stream);
                     stats.last_seq = Some(seq);

@@ -12,6 +12,11 @@ use std::collections::{BTreeMap, VecDeque};
 /// newer batches are dropped and the drain sees a gap it cannot fill (→ clear).
 pub const MAX_BUFFERED_BATCHES: usize = 10_000;
 
+/// Fewest batches applied between two orphan-triggered replays of one stream (B39): a parent
+/// that has left the engine's buffer cannot be relearned, and replaying the whole buffer on
+/// every orphan store would be a storm.
+pub const ORPHAN_REPLAY_EVERY_BATCHES: u64 = 1_000;
+
 /// Seqs remembered with a digest of their payload, to tell a duplicate (same seq, same bytes)
 /// from an engine restart (same seq, other bytes).
 const RECENT: usize = 1_024;
@@ -38,6 +43,15 @@ pub enum Step {
         /// First seq wanted.
         start_seq: u64,
     },
+    /// Apply this already-applied batch again, in seq order, without counting it (an
+    /// orphan-triggered relearn, B39). Re-applying history `[k, last]` on the current state
+    /// ends in the same state, plus the stores whose parents were missed.
+    Reapply {
+        /// Its seq.
+        seq: u64,
+        /// Its msgpack payload.
+        payload: Vec<u8>,
+    },
 }
 
 /// Why a stream was cleared.
@@ -63,6 +77,10 @@ pub struct SeqTracker {
     replaying: bool,
     buffer: BTreeMap<u64, Vec<u8>>,
     recent: VecDeque<(u64, u64)>,
+    /// While an orphan relearn runs: the last seq applied when it started.
+    relearn_upto: Option<u64>,
+    /// `last` when the previous orphan relearn was requested.
+    last_relearn_at: Option<u64>,
 }
 
 fn digest(payload: &[u8]) -> u64 {
@@ -78,7 +96,29 @@ impl SeqTracker {
             replaying: false,
             buffer: BTreeMap::new(),
             recent: VecDeque::new(),
+            relearn_upto: None,
+            last_relearn_at: None,
         }
+    }
+
+    /// Asks for a replay of the engine's whole buffer to relearn the parents of orphan stores
+    /// (B39): returns the start seq to request, 0 (the engine starts at its oldest buffered
+    /// batch), or `None` when no replay socket exists, a replay is already out,
+    /// nothing was applied yet, or fewer than [`ORPHAN_REPLAY_EVERY_BATCHES`] batches were
+    /// applied since the previous relearn. Replayed batches up to the current last seq come
+    /// back as [`Step::Reapply`]; newer ones and the buffered live ones as usual.
+    pub fn request_relearn(&mut self) -> Option<u64> {
+        let last = self.last?;
+        let due = self
+            .last_relearn_at
+            .is_none_or(|at| last >= at.saturating_add(ORPHAN_REPLAY_EVERY_BATCHES));
+        if self.replaying || !self.replay_available || !due {
+            return None;
+        }
+        self.replaying = true;
+        self.relearn_upto = Some(last);
+        self.last_relearn_at = Some(last);
+        Some(0)
     }
 
     /// Last applied seq, `None` before the first.
@@ -162,6 +202,13 @@ impl SeqTracker {
     pub fn on_replay(&mut self, seq: u64, payload: &[u8]) -> Vec<Step> {
         let mut out = Vec::new();
         if self.replaying {
+            if self.relearn_upto.is_some_and(|upto| seq <= upto) {
+                out.push(Step::Reapply {
+                    seq,
+                    payload: payload.to_vec(),
+                });
+                return out;
+            }
             // A replayed seq is never newer than the buffered live ones it precedes; if it
             // is buffered already, the buffered copy is dropped as a duplicate at drain.
             self.take_ordered(seq, payload.to_vec(), &mut out);
@@ -177,6 +224,7 @@ impl SeqTracker {
             return out;
         }
         self.replaying = false;
+        self.relearn_upto = None;
         let buffer = std::mem::take(&mut self.buffer);
         for (seq, payload) in buffer {
             self.take_ordered(seq, payload, &mut out);
@@ -192,6 +240,9 @@ impl SeqTracker {
     pub fn check_invariants(&self) -> Result<(), u8> {
         if !self.replaying && !self.buffer.is_empty() {
             return Err(2);
+        }
+        if !self.replaying && self.relearn_upto.is_some() {
+            return Err(4);
         }
         Ok(())
     }

@@ -561,3 +561,91 @@ fn unannounced_prefix_follows_the_routers_recent_decision_until_events_arrive() 
         "{d:?}"
     );
 }
+
+/// B39 at the tracker: a relearn replays from 0, re-applies what was applied (without moving
+/// `last`), buffers live batches meanwhile, drains them after; a second relearn waits for
+/// [`sequence::ORPHAN_REPLAY_EVERY_BATCHES`] batches.
+#[test]
+fn b39_relearn_reapplies_then_drains_and_is_rate_limited() {
+    let mut t = SeqTracker::new(true);
+    assert_eq!(t.request_relearn(), None, "nothing applied yet");
+    for seq in 0..3 {
+        t.on_live(seq, &[seq as u8]);
+    }
+    assert_eq!(t.request_relearn(), Some(0));
+    assert_eq!(t.request_relearn(), None, "one replay at a time");
+    assert!(
+        t.on_live(3, &[3]).is_empty(),
+        "live buffered during the relearn"
+    );
+    for seq in 0..3 {
+        assert_eq!(
+            t.on_replay(seq, &[seq as u8]),
+            vec![Step::Reapply {
+                seq,
+                payload: vec![seq as u8]
+            }]
+        );
+    }
+    assert_eq!(t.last_seq(), Some(2));
+    assert_eq!(
+        applied(&t.on_replay(3, &[3])),
+        vec![3],
+        "newer than the relearn: applied"
+    );
+    assert_eq!(t.on_replay_end(), vec![Step::Duplicate { seq: 3 }]);
+    t.check_invariants().unwrap();
+    let mut seq = 4;
+    // The relearn was asked at last = 2: the next is due at last = 2 + N.
+    while seq < 2 + sequence::ORPHAN_REPLAY_EVERY_BATCHES {
+        t.on_live(seq, &[0]);
+        assert_eq!(t.request_relearn(), None, "rate-limited at seq {seq}");
+        seq += 1;
+    }
+    t.on_live(seq, &[0]);
+    assert_eq!(t.request_relearn(), Some(0));
+    assert!(SeqTracker::new(false).request_relearn().is_none());
+}
+
+/// B39 through the consumer (bug-cases.md B39): the batch holding a chain's first stores is
+/// lost and its gap cannot be replayed at the time (the replay ends empty → clear); the next
+/// store is an orphan, counted, and triggers a replay of the engine's buffer, which still
+/// holds that batch: re-applied in order, the whole chain matches again.
+#[test]
+fn b39_orphan_store_triggers_a_replay_that_restores_matching() {
+    let t = toks(0..48);
+    let keys = chain_keys(None, &t, 16);
+    let b0 = batch(vec![store(&[1], None, &t[..16], 16)], 0);
+    let b1 = batch(vec![store(&[2], Some(1), &t[16..32], 16)], 0);
+    let b2 = batch(vec![store(&[3], Some(2), &t[32..48], 16)], 0);
+    let mut c = Consumer::new();
+    c.add_stream(RANK0, true);
+    let mut ix = EventIndex::new(16);
+    fn live(seq: u64, payload: &[u8]) -> Input<'_> {
+        Input::Live { seq, payload }
+    }
+    assert_eq!(c.handle(&mut ix, RANK0, live(0, &b0)), None);
+    // Batch 1 lost; its replay finds nothing (engine busy): unrecoverable, cleared.
+    assert_eq!(c.handle(&mut ix, RANK0, live(2, &b2)), Some(1));
+    // Draining batch 2 after the clear: its parent is unknown → orphan → relearn from 0.
+    assert_eq!(c.handle(&mut ix, RANK0, Input::ReplayEnd), Some(0));
+    let st = ix.stats()[0].1.clone();
+    assert_eq!(
+        (st.unrecoverable_gaps, st.orphans, st.orphan_replays),
+        (1, 1, 1)
+    );
+    assert!(ix.find_matches(&keys).is_empty(), "cleared, orphan skipped");
+    for (seq, b) in [(0, &b0), (1, &b1), (2, &b2)] {
+        let r = c.handle(&mut ix, RANK0, Input::Replay { seq, payload: b });
+        assert_eq!(r, None);
+    }
+    assert_eq!(c.handle(&mut ix, RANK0, Input::ReplayEnd), None);
+    let m = ix.find_matches(&keys);
+    assert_eq!((m.len(), m[0].blocks), (1, 3), "whole chain restored");
+    let st = ix.stats()[0].1.clone();
+    assert_eq!(st.orphans, 1, "re-applied stores are not recounted");
+    assert_eq!(st.reapplied_batches, 3);
+    assert_eq!(st.batches, 2, "live batches 0 and 2");
+    assert_eq!(st.replays, 2);
+    ix.check_invariants().unwrap();
+}
