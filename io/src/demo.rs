@@ -294,11 +294,12 @@ fn events_note(ix: &kvroute_core::events::EventIndex) -> String {
         t.duplicates += s.duplicates;
         t.decode_errors += s.decode_errors;
         t.orphans += s.orphans;
+        t.orphan_replays += s.orphan_replays;
         t.size_mismatches += s.size_mismatches + s.length_mismatches;
     }
     format!(
         "{EVENTS_RUN}: {} batches, {} events, gaps {}, replays {}, unrecoverable {}, restarts {}, \
-         duplicates {}, decode errors {}, orphans {}, size mismatches {}",
+         duplicates {}, decode errors {}, orphans {} (replays for them {}), size mismatches {}",
         t.batches,
         t.events,
         t.gaps,
@@ -308,6 +309,7 @@ fn events_note(ix: &kvroute_core::events::EventIndex) -> String {
         t.duplicates,
         t.decode_errors,
         t.orphans,
+        t.orphan_replays,
         t.size_mismatches
     )
 }
