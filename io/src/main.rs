@@ -108,6 +108,27 @@ struct ServeArgs {
     /// Time allowed to connect to a worker, ms (502 after).
     #[arg(long)]
     connect_timeout_ms: Option<u64>,
+    /// Token tree budget per model, tokens.
+    #[arg(long)]
+    max_tree_size_tokens: Option<usize>,
+    /// Tokens per KV block (page) of the token indexes; must equal the engines' block size.
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// cache_aware index for token requests: tree, or hash (exact heads at --cache-boundaries).
+    #[arg(long, value_parser = parse_cache_index)]
+    cache_index: Option<kvroute_core::policy::CacheIndexKind>,
+    /// Hash index: token boundaries to record and probe, strictly ascending (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    cache_boundaries: Vec<usize>,
+    /// Hash index: seconds a recorded head stays valid.
+    #[arg(long)]
+    cache_ttl_secs: Option<u64>,
+    /// Event index: drop entries untouched for this many seconds [default: never].
+    #[arg(long)]
+    kv_indexer_ttl_secs: Option<u64>,
+    /// Event index: most entries per model, pruned to 90 % when exceeded [default: no cap].
+    #[arg(long)]
+    kv_indexer_max_entries: Option<usize>,
     /// Use the epoll driver even where io_uring works.
     #[arg(long)]
     force_epoll: bool,
@@ -172,6 +193,27 @@ impl ServeArgs {
         }
         if let Some(v) = self.connect_timeout_ms {
             cfg.connect_timeout_ms = v;
+        }
+        if let Some(v) = self.max_tree_size_tokens {
+            cfg.max_tree_size_tokens = v;
+        }
+        if let Some(v) = self.block_size {
+            cfg.block_size = v;
+        }
+        if let Some(v) = self.cache_index {
+            cfg.cache_index = v;
+        }
+        if !self.cache_boundaries.is_empty() {
+            cfg.cache_boundaries = self.cache_boundaries;
+        }
+        if let Some(v) = self.cache_ttl_secs {
+            cfg.cache_ttl_secs = v;
+        }
+        if self.kv_indexer_ttl_secs.is_some() {
+            cfg.kv_indexer_ttl_secs = self.kv_indexer_ttl_secs;
+        }
+        if self.kv_indexer_max_entries.is_some() {
+            cfg.kv_indexer_max_entries = self.kv_indexer_max_entries;
         }
         Ok(cfg)
     }
@@ -278,6 +320,12 @@ struct ReplayArgs {
     out: Option<PathBuf>,
 }
 
+/// `tree` or `hash`, as in TOML.
+fn parse_cache_index(s: &str) -> Result<kvroute_core::policy::CacheIndexKind, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| format!("expected tree or hash, got {s:?}"))
+}
+
 /// `[default: X]` suffixes for flags whose default lives in a `pub const` elsewhere, so help
 /// shows the one definition.
 fn with_defaults(cmd: clap::Command) -> clap::Command {
@@ -310,6 +358,23 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
         (
             "connect_timeout_ms",
             defaults::CONNECT_TIMEOUT_MS.to_string(),
+        ),
+        (
+            "max_tree_size_tokens",
+            defaults::MAX_TREE_SIZE_TOKENS.to_string(),
+        ),
+        ("block_size", defaults::BLOCK_SIZE.to_string()),
+        (
+            "cache_index",
+            serde_json::to_value(defaults::CACHE_INDEX)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+        ),
+        ("cache_ttl_secs", defaults::CACHE_TTL_SECS.to_string()),
+        (
+            "tokenize_cache_tokens",
+            defaults::TOKENIZE_CACHE_TOKENS.to_string(),
         ),
     ];
     let engine: &[(&str, String)] = &[
