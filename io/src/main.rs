@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the gateway in front of workers.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run one simulated vLLM-like engine.
     Engine(EngineArgs),
     /// Replay a Mooncake-format trace (or the built-in workload) against a URL.
@@ -428,7 +428,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             let force_epoll = args.force_epoll;
-            let cfg = args.into_config()?;
+            let cfg = (*args).into_config()?;
             let server = gateway::start(cfg, force_epoll)?;
             server.wait();
             Ok(())
