@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${1:-2000}; secs=${2:-20}; engines=${3:-2}
-cargo build --release -p kvroute-io >/dev/null
+cargo build --release -p kvroute-io >/dev/null 2>&1
 bin=target/release/kvroute
 pids=(); workers=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
@@ -23,7 +23,14 @@ if command -v oha >/dev/null; then
   oha -q "$rate" -z "${secs}s" -m POST -H 'content-type: application/json' -d "$body" \
     --no-tui http://127.0.0.1:18000/v1/completions
 else
-  printf 'wrk.method="POST"\nwrk.body=%q\nwrk.headers["content-type"]="application/json"\n' "$body" > /tmp/kvroute-wrk.lua
+  printf 'wrk.method = "POST"\nwrk.body = [[%s]]\nwrk.headers["content-type"] = "application/json"\n' "$body" > /tmp/kvroute-wrk.lua
   wrk -t2 -c64 -d"${secs}s" --latency -s /tmp/kvroute-wrk.lua http://127.0.0.1:18000/v1/completions
+fi
+echo "--- baseline: the same load straight at engine 1 (no gateway)"
+if command -v oha >/dev/null; then
+  oha -q "$rate" -z "${secs}s" -m POST -H 'content-type: application/json' -d "$body" \
+    --no-tui http://127.0.0.1:18101/v1/completions
+else
+  wrk -t2 -c64 -d"${secs}s" --latency -s /tmp/kvroute-wrk.lua http://127.0.0.1:18101/v1/completions
 fi
 curl -s http://127.0.0.1:18000/metrics | grep -E '^kvroute_(requests|decisions)_total' || true
