@@ -17,7 +17,7 @@ use crate::engine::{EngineConfig, EngineCore};
 use crate::trace::{self, MOONCAKE_BLOCK_TOKENS, TraceRecord};
 use hdrhistogram::Histogram;
 use kvroute_index::keys::block_keys;
-use kvroute_index::reference::NaiveWorkerSets;
+use kvroute_index::reference::{NaiveWorkerSets, conversation_corpus, synthetic_words};
 use kvroute_index::{EventIndex, EventIndexConfig, StringTree, TokenTree};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -384,38 +384,14 @@ impl BTreeTrie {
     }
 }
 
-const WORDS: &[&str] = &[
-    "the", "cache", "worker", "prefix", "token", "router", "é", "naïve", "中文", "😀", "model",
-    "prefill", "decode", "latency", "request", "batch",
-];
-
-fn words(rng: &mut StdRng, chars: usize) -> String {
-    let mut s = String::new();
-    let mut n = 0;
-    while n < chars {
-        let w = WORDS[rng.random_range(0..WORDS.len())];
-        s.push_str(w);
-        s.push(' ');
-        n += w.chars().count() + 1;
-    }
-    s.chars().take(chars).collect()
-}
-
 fn string_point(chars: usize, baseline: bool) -> Value {
-    let mut rng = StdRng::seed_from_u64(42);
-    let systems: Vec<String> = (0..6)
-        .map(|i| format!("<|system|>{i}{}", words(&mut rng, 1000)))
-        .collect();
     let mut tree = StringTree::new();
     let mut trie = BTreeTrie::default();
     let mut queries = Vec::new();
-    for c in 0..200 {
-        let sys = &systems[c % 6];
-        let body = chars.saturating_sub(sys.chars().count() + 40);
-        let conv = format!("{sys}<|user|>{c} {}", words(&mut rng, body));
-        tree.insert(0, &conv, (c % 100) as u32);
+    for (conv, tenant) in conversation_corpus(42, 200, chars, 6, 1_000, 100) {
+        tree.insert(0, &conv, tenant);
         if baseline {
-            trie.insert(&conv, (c % 100) as u32);
+            trie.insert(&conv, tenant);
         }
         queries.push(format!("{conv}<|user|>and then?"));
     }
@@ -448,12 +424,12 @@ fn string_point(chars: usize, baseline: bool) -> Value {
 }
 
 fn eviction() -> Value {
-    let mut rng = StdRng::seed_from_u64(9);
+    let mut state = 9u64;
     let mut tree = StringTree::new();
     let mut seen = HashSet::new();
-    let prefix = words(&mut rng, 200);
+    let prefix = synthetic_words(&mut state, 200);
     for i in 0..40_000u32 {
-        let text = format!("{prefix}{i} {}", words(&mut rng, 200));
+        let text = format!("{prefix}{i} {}", synthetic_words(&mut state, 200));
         seen.insert(i);
         tree.insert(0, &text, i % 64);
     }

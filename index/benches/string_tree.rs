@@ -12,9 +12,7 @@
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kvroute_index::StringTree;
-use kvroute_index::reference::ReferenceStringIndex;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use kvroute_index::reference::{ReferenceStringIndex, conversation_corpus};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -22,24 +20,6 @@ const CONVERSATIONS: usize = 1_000;
 const TENANTS: u32 = 100;
 const SYSTEM_PROMPTS: usize = 6;
 const SYSTEM_CHARS: usize = 1_000;
-const WORDS: &[&str] = &[
-    "the", "cache", "worker", "prefix", "token", "router", "é", "naïve", "中文", "😀", "model",
-    "prefill", "decode", "latency", "request", "batch",
-];
-
-/// Random words until at least `chars` chars, then cut to exactly `chars`.
-fn words(rng: &mut StdRng, chars: usize) -> String {
-    let mut s = String::new();
-    let mut n = 0;
-    while n < chars {
-        let w = WORDS[rng.random_range(0..WORDS.len())];
-        s.push_str(w);
-        s.push(' ');
-        n += w.chars().count() + 1;
-    }
-    s.chars().take(chars).collect()
-}
-
 struct Fixture {
     tree: StringTree,
     reference: ReferenceStringIndex,
@@ -47,18 +27,18 @@ struct Fixture {
 }
 
 fn fixture(prompt_chars: usize) -> Fixture {
-    let mut rng = StdRng::seed_from_u64(42);
-    let systems: Vec<String> = (0..SYSTEM_PROMPTS)
-        .map(|i| format!("<|system|>{i}{}", words(&mut rng, SYSTEM_CHARS)))
-        .collect();
     let mut tree = StringTree::new();
     let mut reference = ReferenceStringIndex::new();
     let mut queries = Vec::new();
-    for c in 0..CONVERSATIONS {
-        let sys = &systems[c % SYSTEM_PROMPTS];
-        let body_chars = prompt_chars.saturating_sub(sys.chars().count() + 40);
-        let conv = format!("{sys}<|user|>{c} {}", words(&mut rng, body_chars));
-        let tenant = c as u32 % TENANTS;
+    let corpus = conversation_corpus(
+        42,
+        CONVERSATIONS,
+        prompt_chars,
+        SYSTEM_PROMPTS,
+        SYSTEM_CHARS,
+        TENANTS,
+    );
+    for (c, (conv, tenant)) in corpus.into_iter().enumerate() {
         tree.insert(0, &conv, tenant);
         reference.insert(&conv, tenant);
         if c % 16 == 0 {

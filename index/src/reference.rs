@@ -166,3 +166,80 @@ impl NaiveWorkerSets {
             .collect()
     }
 }
+
+/// Words of the synthetic prompts used by the string-tree benches: multibyte and emoji
+/// included so the benches exercise UTF-8 edges.
+const CORPUS_WORDS: &[&str] = &[
+    "the", "cache", "worker", "prefix", "token", "router", "é", "naïve", "中文", "😀", "model",
+    "prefill", "decode", "latency", "request", "batch",
+];
+
+/// Deterministic text of exactly `chars` chars: words from a fixed list drawn by SplitMix64
+/// from `*state` (advanced), separated by spaces. For benches (no `rand` dependency).
+pub fn synthetic_words(state: &mut u64, chars: usize) -> String {
+    let mut next = || {
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut s = String::new();
+    let mut n = 0;
+    while n < chars {
+        let w = CORPUS_WORDS[(next() % CORPUS_WORDS.len() as u64) as usize];
+        s.push_str(w);
+        s.push(' ');
+        n += w.chars().count() + 1;
+    }
+    s.chars().take(chars).collect()
+}
+
+/// `conversations` chat-shaped routing texts of about `prompt_chars` chars each: one of
+/// `system_prompts` shared system prompts (`system_chars` chars), then a unique user part; the
+/// tenant of conversation `c` is `c % tenants`. Deterministic in `seed`. The string-tree
+/// benches (criterion and `kvroute bench index`) share this corpus.
+pub fn conversation_corpus(
+    seed: u64,
+    conversations: usize,
+    prompt_chars: usize,
+    system_prompts: usize,
+    system_chars: usize,
+    tenants: TenantId,
+) -> Vec<(String, TenantId)> {
+    let mut state = seed;
+    let systems: Vec<String> = (0..system_prompts.max(1))
+        .map(|i| format!("<|system|>{i}{}", synthetic_words(&mut state, system_chars)))
+        .collect();
+    (0..conversations)
+        .map(|c| {
+            let sys = &systems[c % systems.len()];
+            let body = prompt_chars.saturating_sub(sys.chars().count() + 40);
+            let conv = format!("{sys}<|user|>{c} {}", synthetic_words(&mut state, body));
+            (conv, c as TenantId % tenants.max(1))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod corpus_tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_words_are_exact_length_and_deterministic() {
+        let (mut a, mut b) = (7u64, 7u64);
+        let x = synthetic_words(&mut a, 333);
+        assert_eq!(x.chars().count(), 333);
+        assert_eq!(x, synthetic_words(&mut b, 333));
+        let mut other = 8u64;
+        assert_ne!(
+            synthetic_words(&mut other, 333),
+            x,
+            "another seed, another text"
+        );
+        let corpus = conversation_corpus(1, 12, 500, 3, 100, 5);
+        assert_eq!(corpus.len(), 12);
+        assert!(corpus[0].0.starts_with("<|system|>0") && corpus[3].0.starts_with("<|system|>0"));
+        assert_eq!(corpus[7].1, 2);
+    }
+}
