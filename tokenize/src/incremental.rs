@@ -310,12 +310,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::{Value, json};
-    use std::sync::OnceLock;
 
-    fn qwen() -> &'static Tokenizer {
-        static TOK: OnceLock<Tokenizer> = OnceLock::new();
-        TOK.get_or_init(|| Tokenizer::qwen3().expect("embedded qwen3"))
-    }
+    use crate::tokenizer::test_qwen as qwen;
 
     #[test]
     fn cut_points_are_special_token_starts() {

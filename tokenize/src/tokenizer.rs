@@ -291,16 +291,19 @@ impl Tokenizer {
     }
 }
 
+/// The embedded Qwen3 tokenizer, loaded once per test binary (tests only).
+#[cfg(test)]
+pub(crate) fn test_qwen() -> &'static Tokenizer {
+    static TOK: std::sync::OnceLock<Tokenizer> = std::sync::OnceLock::new();
+    TOK.get_or_init(|| Tokenizer::qwen3().expect("embedded qwen3"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-    use std::sync::OnceLock;
 
-    fn qwen() -> &'static Tokenizer {
-        static TOK: OnceLock<Tokenizer> = OnceLock::new();
-        TOK.get_or_init(|| Tokenizer::qwen3().expect("embedded qwen3"))
-    }
+    use super::test_qwen as qwen;
 
     /// Test vectors from traces.md §6, checked there against the file.
     #[test]
