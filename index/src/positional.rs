@@ -652,6 +652,21 @@ impl EventWriter {
                 .sum::<usize>()
     }
 
+    /// True iff `worker` holds the block with engine hash `engine_hash` now (false for an
+    /// unknown hash or a worker of another shard).
+    pub fn holds(&self, worker: TenantId, engine_hash: u64) -> bool {
+        self.bit(worker)
+            .is_ok_and(|b| self.workers[b].blocks.contains_key(&engine_hash))
+    }
+
+    /// Engine hashes of the blocks `worker` holds, any order (empty for another shard).
+    pub fn engine_hashes(&self, worker: TenantId) -> Vec<u64> {
+        self.bit(worker).map_or_else(
+            |_| Vec::new(),
+            |b| self.workers[b].blocks.keys().copied().collect(),
+        )
+    }
+
     /// Blocks held by `worker` (0 when not in this shard).
     pub fn worker_blocks(&self, worker: TenantId) -> usize {
         self.bit(worker).map_or(0, |b| self.workers[b].blocks.len())

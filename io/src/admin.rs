@@ -20,10 +20,10 @@ pub fn answer(shared: &Shared, method: &str, path: &str) -> Option<(u16, Vec<u8>
     else {
         return Some((404, br#"{"error":"unknown worker"}"#.to_vec()));
     };
-    let Some(ix) = shared.router.event_index() else {
+    let Some(ix) = &shared.events else {
         return Some((503, br#"{"error":"no KV event index configured"}"#.to_vec()));
     };
-    let ix = ix.read().unwrap_or_else(|p| p.into_inner());
+    let ix = crate::zmq::lock(ix);
     let streams: Vec<serde_json::Value> = ix
         .stats()
         .into_iter()
@@ -57,10 +57,10 @@ fn stream_json(rank: u32, st: &StreamStats, keys: usize) -> serde_json::Value {
 /// `kvroute_kv_events_last_seq` and `kvroute_kv_indexed_blocks`, labels `worker`, `rank`.
 /// Inserted before the closing `# EOF` of `text`; nothing without an event index.
 pub fn append_metrics(shared: &Shared, text: &mut String) {
-    let Some(ix) = shared.router.event_index() else {
+    let Some(ix) = &shared.events else {
         return;
     };
-    let ix = ix.read().unwrap_or_else(|p| p.into_inner());
+    let ix = crate::zmq::lock(ix);
     let stats = ix.stats();
     let mut out = String::new();
     type Get = fn(&StreamStats) -> u64;

@@ -260,8 +260,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         };
         eprintln!("-- {name}");
         let report = rt.block_on(replay::replay(replay_cfg, &records, &prompts))?;
-        if let Some(ix) = server.shared().router.event_index() {
-            notes.push(events_note(&ix.read().unwrap_or_else(|p| p.into_inner())));
+        if let Some(ix) = &server.shared().events {
+            notes.push(events_note(&crate::zmq::lock(ix)));
         }
         server.shutdown();
         reports.push((name.clone(), report));

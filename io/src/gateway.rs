@@ -44,13 +44,22 @@ pub fn start(cfg: Config, force_epoll: bool) -> anyhow::Result<Server> {
         .map(|w| kvroute_core::config::parse_worker_spec(w))
         .collect::<Result<Vec<_>, _>>()?;
     let sources = crate::zmq::sources(&specs);
-    if !sources.is_empty() {
-        let index = Arc::new(std::sync::RwLock::new(
-            kvroute_core::events::EventIndex::new(cfg.block_size),
-        ));
-        router.set_event_index(index.clone());
-        crate::zmq::start(sources, index)?;
-    }
+    let events = if sources.is_empty() {
+        None
+    } else {
+        let index = kvroute_core::events::EventIndex::with_settings(
+            &kvroute_core::events::EventIndexSettings {
+                block_size: cfg.block_size,
+                max_streams: sources.len(),
+                ttl_ms: cfg.kv_indexer_ttl_secs.map(|s| s.saturating_mul(1000)),
+                max_entries: cfg.kv_indexer_max_entries,
+            },
+        );
+        router.set_event_index(index.reader());
+        let index = Arc::new(std::sync::Mutex::new(index));
+        crate::zmq::start(sources, index.clone())?;
+        Some(index)
+    };
     let tokenizers = Tokenizers::load(&cfg)?;
     let shared = Shared {
         settings,
@@ -58,6 +67,7 @@ pub fn start(cfg: Config, force_epoll: bool) -> anyhow::Result<Server> {
         workers,
         targets,
         router,
+        events,
         metrics: Metrics::new(),
         tokenizers,
         key_tap: Default::default(),

@@ -53,6 +53,9 @@ pub struct Shared {
     pub targets: Vec<Target>,
     /// The routing policy and its indexes.
     pub router: Router,
+    /// Writer side of the KV-event index (stats for `/metrics` and `/admin`; the router reads
+    /// the index lock-free). `None` without event sources.
+    pub events: Option<crate::zmq::SharedEvents>,
     /// Prometheus metrics.
     pub metrics: Metrics,
     /// The policy's name, for metric labels.

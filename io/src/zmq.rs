@@ -7,23 +7,32 @@
 //!   dropped connections itself, with exponential backoff from [`RECONNECT_IVL_MS`] to
 //!   [`RECONNECT_IVL_MAX_MS`].
 //! - `kv-writer` runs the pure [`Consumer`] (ordering, gaps, restarts) and applies to the
-//!   shared [`EventIndex`] under its write lock. When the consumer asks for a replay it sends
+//!   [`EventIndex`] (its mutex guards only the writer side and the counters: the router
+//!   reads the index through a lock-free [`kvroute_core::events::EventReader`]). It stamps
+//!   blocks with its own clock and prunes every
+//!   [`defaults::KV_INDEXER_PRUNE_EVERY_MS`] when a TTL or entry cap is set. When the consumer asks for a replay it sends
 //!   `["", start_seq]` on that stream's DEALER and feeds replies until the end marker, each
 //!   read bounded by [`REPLAY_READ_TIMEOUT_MS`]; live messages wait in the channel meanwhile.
 //!
 //! Both threads end once the router that holds the index is gone (the writer holds the only
 //! other reference) — no handle to keep.
 
-use kvroute_core::config::WorkerSpec;
+use kvroute_core::config::{WorkerSpec, defaults};
 use kvroute_core::events::decode::{self, ReplayFrames};
 use kvroute_core::events::{Consumer, EventIndex, Input, StreamId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-/// The event index shared by the writer (writes) and every shard's router (reads).
-pub type SharedEvents = Arc<RwLock<EventIndex>>;
+/// Writer side of the event index: the `kv-writer` thread applies events, `/metrics` and
+/// `/admin` read counters. Routing never takes this lock.
+pub type SharedEvents = Arc<Mutex<EventIndex>>;
+
+/// Locks the writer side (a panic elsewhere never poisons the counters for good).
+pub fn lock(index: &SharedEvents) -> MutexGuard<'_, EventIndex> {
+    index.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// First reconnect delay, ms (libzmq `ZMQ_RECONNECT_IVL`).
 pub const RECONNECT_IVL_MS: i32 = 100;
@@ -187,9 +196,23 @@ fn write(
     dealers: HashMap<StreamId, ::zmq::Socket>,
     index: SharedEvents,
 ) {
+    let started = Instant::now();
+    let mut last_prune = 0u64;
     loop {
         if Arc::strong_count(&index) == 1 {
             return;
+        }
+        let now = started.elapsed().as_millis() as u64;
+        {
+            let mut ix = lock(&index);
+            ix.set_now(now);
+            if ix.prunes() && now - last_prune >= defaults::KV_INDEXER_PRUNE_EVERY_MS {
+                last_prune = now;
+                let n = ix.prune(now);
+                if n > 0 {
+                    tracing::info!(blocks = n, "KV event index pruned");
+                }
+            }
         }
         let live = match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(l) => l,
@@ -200,7 +223,7 @@ fn write(
         let frames = match decode::split_live(&live.frames) {
             Ok(f) => f,
             Err(e) => {
-                let mut ix = index.write().unwrap_or_else(|p| p.into_inner());
+                let mut ix = lock(&index);
                 ix.stats_mut(stream).decode_errors += 1;
                 tracing::warn!(
                     worker = stream.worker,
@@ -211,7 +234,7 @@ fn write(
             }
         };
         let replay = {
-            let mut ix = index.write().unwrap_or_else(|p| p.into_inner());
+            let mut ix = lock(&index);
             consumer.handle(
                 &mut ix,
                 stream,
@@ -255,12 +278,12 @@ fn run_replay(
                 };
                 match decode::split_replay(&frames) {
                     Ok(ReplayFrames::Batch { seq, payload }) => {
-                        let mut ix = index.write().unwrap_or_else(|p| p.into_inner());
+                        let mut ix = lock(index);
                         consumer.handle(&mut ix, stream, Input::Replay { seq, payload });
                     }
                     Ok(ReplayFrames::End) => break,
                     Err(e) => {
-                        let mut ix = index.write().unwrap_or_else(|p| p.into_inner());
+                        let mut ix = lock(index);
                         ix.stats_mut(stream).decode_errors += 1;
                         tracing::warn!(worker = stream.worker, "bad replay reply: {e}");
                     }
@@ -268,6 +291,6 @@ fn run_replay(
             }
         }
     }
-    let mut ix = index.write().unwrap_or_else(|p| p.into_inner());
+    let mut ix = lock(index);
     consumer.handle(&mut ix, stream, Input::ReplayEnd);
 }

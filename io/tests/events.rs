@@ -144,14 +144,9 @@ fn router_event_index_equals_every_engines_cache_under_faults() {
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         hits += v["meta_info"]["cached_tokens"].as_u64().unwrap();
     }
-    let index = gw
-        .shared()
-        .router
-        .event_index()
-        .expect("event index")
-        .clone();
+    let index = gw.shared().events.clone().expect("event index");
     let view = |w: u32| -> HashSet<u64> {
-        let ix = index.read().unwrap();
+        let ix = index.lock().unwrap();
         ix.engine_hashes(StreamId { worker: w, rank: 0 }, Tier::Device)
             .into_iter()
             .collect()
@@ -178,7 +173,7 @@ fn router_event_index_equals_every_engines_cache_under_faults() {
     // (Worker 2 may have restarted after its last request, with an empty cache.)
     assert!(total > 0, "no engine cached anything");
     assert!(settled);
-    let ix = index.read().unwrap();
+    let ix = index.lock().unwrap();
     let st = |w: u32| {
         ix.stats()
             .into_iter()

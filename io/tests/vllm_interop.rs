@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const BLOCK: usize = 16;
@@ -201,7 +201,7 @@ fn vllm_publisher_stores_and_removals_are_indexed_exactly() {
         .collect();
     let sources = zmq::sources(&specs);
     assert_eq!(sources.len(), 3, "worker 0 rank 0, worker 1 ranks 0 and 1");
-    let index = Arc::new(RwLock::new(EventIndex::new(BLOCK)));
+    let index = Arc::new(Mutex::new(EventIndex::new(BLOCK)));
     zmq::start(sources, index.clone()).expect("subscriber starts");
     // libzmq connects in the background; phase B must find the SUBs connected or kvroute
     // sees no live batch to join on (bounded wait, not a timing assert).
@@ -233,7 +233,7 @@ fn vllm_publisher_stores_and_removals_are_indexed_exactly() {
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut last = Vec::new();
     while Instant::now() < deadline {
-        let ix = index.read().unwrap();
+        let ix = index.lock().unwrap();
         last = expected.iter().flat_map(|e| mismatches(&ix, e)).collect();
         if last.is_empty() {
             break;
@@ -241,7 +241,7 @@ fn vllm_publisher_stores_and_removals_are_indexed_exactly() {
         drop(ix);
         std::thread::sleep(Duration::from_millis(50));
     }
-    let ix = index.read().unwrap();
+    let ix = index.lock().unwrap();
     let stats = ix.stats();
     assert!(
         last.is_empty(),

@@ -49,3 +49,6 @@ pub const ENGINE_LISTEN: &str = "127.0.0.1:8100";
 /// Per-shard incremental-tokenization prefix cache, tokens held (4 bytes each). Source:
 /// `kvroute_tokenize::incremental::DEFAULT_CACHE_TOKENS` (sized from the WEKA traces).
 pub const TOKENIZE_CACHE_TOKENS: usize = kvroute_tokenize::incremental::DEFAULT_CACHE_TOKENS;
+/// Event index: how often the writer applies `--kv-indexer-ttl-secs` and
+/// `--kv-indexer-max-entries`, ms. Source: SMG (prunes its indexes every 30 s, anchors §2.3).
+pub const KV_INDEXER_PRUNE_EVERY_MS: u64 = 30_000;

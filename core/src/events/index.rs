@@ -1,19 +1,37 @@
 //! [`EventIndex`]: what each (worker, DP rank) really caches, from its KV events, keyed by
 //! kvroute's own block keys (`kv-events.md` §7). Engine hashes are opaque handles used only for
-//! parent links and removals. Pure; the caller serialises writes.
+//! parent links and removals. Pure; one writer (the caller) applies events, and any number of
+//! [`EventReader`]s (one per gateway shard) match requests **without a lock**.
+//!
+//! Storage is the lock-free positional index of the `index` crate
+//! ([`kvroute_index::positional`]): every stream (worker, DP rank) gets a dense id (a bit of
+//! the index's worker sets) on first use; this module adds what the engines' wire format needs
+//! on top: per-stream counters, the learned block size and its re-cut into router blocks, and
+//! storage tiers.
 //!
 //! Rules (`kv-events.md` §8): a store chains from its parent's last key (nil = root; an unknown
 //! parent is an orphan: counted, skipped); block i chains from block i − 1 (B30); the block
 //! size is learned per stream from `token_ids / block_hashes` (a wrong declared size is
 //! counted, not trusted); engine blocks that are k × the router block give k keys each (B31,
-//! B32); other sizes are not indexed and counted; a token count that is not blocks × size is
-//! skipped and counted; stores with no tokens (offload, B25) add a tier to known hashes;
-//! removals drop one tier; `AllBlocksCleared` clears the stream (B24).
+//! B32), stored as k positional blocks whose last one carries the engine hash (the others get
+//! derived handles, [`sub_hash`]); other sizes are not indexed and counted; a token count that
+//! is not blocks × size is skipped and counted; stores with no tokens (offload, B25) add a tier
+//! to known hashes; removals drop one tier and a block leaves the index when it is in no tier;
+//! `AllBlocksCleared` clears the stream (B24).
+//!
+//! Tiers decide residency only: a block held in any tier (GPU, CPU, disk, remote) counts as
+//! held when matching. Only blocks whose tier set is not exactly {GPU} are remembered here
+//! (one small map entry each), so the common GPU-only case costs nothing beyond the
+//! positional index.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use kvroute_index::positional::{self, EventIndexConfig, EventWriter, SHARD_WORKERS};
+
+use super::StreamId;
 use super::decode::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
-use super::{StreamId, chain_keys};
 
 /// Storage tier of a cached block (`kv-events.md` §3.6, Dynamo's mapping).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -43,27 +61,9 @@ impl Tier {
         }
     }
 
-    /// Credit of a block held only in this tier: device 1, host 0.75, disk and external 0.25
-    /// (Dynamo's weights, `kv-events.md` §3.6).
-    pub fn weight(self) -> f64 {
-        match self {
-            Tier::Device => 1.0,
-            Tier::Host => 0.75,
-            Tier::Disk | Tier::External => 0.25,
-        }
-    }
-
     fn bit(self) -> u8 {
         1 << self as u8
     }
-}
-
-/// Best weight among the tiers in `mask`.
-fn mask_weight(mask: u8) -> f64 {
-    [Tier::Device, Tier::Host, Tier::Disk, Tier::External]
-        .into_iter()
-        .find(|t| mask & t.bit() != 0)
-        .map_or(0.0, Tier::weight)
 }
 
 /// Counters of one stream (`kvroute_kv_events_*` metrics, `/admin/cache-view`).
@@ -117,57 +117,185 @@ pub struct StreamStats {
     pub last_seq: Option<u64>,
     /// Block size learned from the last store, tokens.
     pub learned_block_size: Option<usize>,
+    /// Events of a stream beyond the index's stream capacity, not indexed.
+    pub over_capacity: u64,
 }
 
-/// One cached engine block of a stream.
-#[derive(Debug, Clone)]
-struct Entry {
-    /// Router keys of this engine block (k ≥ 1 when the engine block is k router blocks).
-    keys: Vec<u64>,
-    /// Tiers holding it (bit per [`Tier`]).
-    tiers: u8,
+/// Tier bit of GPU-only blocks, the ones not listed in [`StreamState::tiers`].
+const DEVICE: u8 = 1 << Tier::Device as u8;
+
+/// Streams an index holds when not told otherwise ([`EventIndex::new`]): one 64-bit word per
+/// block key in the positional table.
+pub const DEFAULT_STREAMS: usize = SHARD_WORKERS;
+
+/// Handle of router block `j` (of `k`) of engine block `engine`: the last one is the engine
+/// hash itself (so parent links by engine hash need no translation), the others are derived
+/// with xxh3 seeded by `j + 1` (a collision with a real engine hash is a 2^-64 event).
+pub fn sub_hash(engine: EngineHash, j: usize, k: usize) -> EngineHash {
+    if j + 1 == k {
+        engine
+    } else {
+        xxhash_rust::xxh3::xxh3_64_with_seed(&engine.to_le_bytes(), j as u64 + 1)
+    }
 }
 
+/// Per-stream state kept beside the positional index.
 #[derive(Debug, Default)]
 struct StreamState {
-    by_engine: HashMap<EngineHash, Entry>,
-    /// Router key → tier mask (refcounted by the engine blocks that carry it).
-    keys: HashMap<u64, (u32, u8)>,
+    /// Dense id in the positional index (`None`: beyond capacity, never indexed).
+    id: Option<u32>,
+    /// Router blocks per engine block of the stored blocks (0 until the first store).
+    ratio: usize,
+    /// Tier mask of held engine blocks whose tiers are not exactly {GPU}.
+    tiers: HashMap<EngineHash, u8>,
+    /// Held engine hashes, kept only while `ratio > 1` (the positional index then also holds
+    /// derived handles, which are not engine blocks).
+    recut: HashSet<EngineHash>,
     stats: StreamStats,
 }
 
 /// A stream holding a prefix of a query.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Match {
     /// The stream.
     pub stream: StreamId,
-    /// Consecutive leading blocks held, in router blocks.
+    /// Consecutive leading router blocks held (any tier).
     pub blocks: usize,
-    /// Σ over those blocks of the best tier weight ([`Tier::weight`]).
-    pub weighted_blocks: f64,
 }
 
-/// The event index of one model.
+/// Lock-free read side of an [`EventIndex`]: cheap to clone, `Send + Sync`; one per gateway
+/// shard. A match never takes a lock nor waits for the writer.
+#[derive(Clone)]
+pub struct EventReader {
+    index: positional::EventIndex,
+    /// Dense id → stream, `worker << 32 | rank`; `u64::MAX` = unassigned.
+    owners: Arc<[AtomicU64]>,
+}
+
+impl std::fmt::Debug for EventReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventReader")
+            .field("block_size", &self.index.block_size())
+            .field("entries", &self.index.entries())
+            .finish()
+    }
+}
+
+impl EventReader {
+    /// Router block size, tokens.
+    pub fn block_size(&self) -> usize {
+        self.index.block_size()
+    }
+
+    /// True when no stream holds any block (routing then falls back to the token tree).
+    pub fn is_empty(&self) -> bool {
+        self.index.entries() == 0
+    }
+
+    /// Streams holding a prefix of `keys` (router block keys of one prompt,
+    /// [`kvroute_index::keys::block_keys`]), with the count of consecutive leading blocks each
+    /// holds (a hole truncates); streams holding no leading block are absent. Lock-free; cost
+    /// as [`positional::EventIndex::find_matches`] (jump search, O(len / 32) probes when no
+    /// stream has a hole).
+    pub fn find_matches(&self, keys: &[u64]) -> Vec<Match> {
+        self.index
+            .find_matches(0, keys)
+            .0
+            .into_iter()
+            .filter_map(|(id, blocks)| {
+                let o = self.owners.get(id as usize)?.load(Ordering::Acquire);
+                (o != u64::MAX).then_some(Match {
+                    stream: StreamId {
+                        worker: (o >> 32) as u32,
+                        rank: o as u32,
+                    },
+                    blocks: blocks as usize,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Settings of an [`EventIndex`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventIndexSettings {
+    /// Router block size, tokens (`--block-size`).
+    pub block_size: usize,
+    /// Most streams (Σ workers × DP ranks) indexed; later streams are counted, not indexed.
+    pub max_streams: usize,
+    /// Prune blocks untouched this long, ms (`--kv-indexer-ttl-secs`; `None` = never).
+    pub ttl_ms: Option<u64>,
+    /// Most (stream, block) entries, pruned to 90 % (`--kv-indexer-max-entries`; SMG).
+    pub max_entries: Option<usize>,
+}
+
+/// The event index of one model: the writer side (apply events, counters) of a lock-free
+/// positional index read through [`EventReader`]s.
 ///
 /// # Invariants
-/// 1. `holders[k]` contains `s` iff stream `s` has key `k` in its `keys` map.
-/// 2. A stream's `keys` refcounts equal the number of its engine entries carrying the key.
-/// 3. No entry has an empty tier mask.
-#[derive(Debug)]
+/// 1. A stream's `tiers` and `recut` name only engine blocks its positional writer holds.
+/// 2. `recut` is empty unless `ratio > 1`, and then holds every held engine block.
+/// 3. No `tiers` entry is 0 or exactly {GPU}.
+/// 4. The positional writers' own invariants hold.
 pub struct EventIndex {
     block_size: usize,
+    reader: EventReader,
+    writers: Vec<EventWriter>,
     streams: HashMap<StreamId, StreamState>,
-    holders: HashMap<u64, Vec<StreamId>>,
+    next_id: u32,
+    now_ms: u64,
+    prunes: bool,
+}
+
+impl std::fmt::Debug for EventIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventIndex")
+            .field("block_size", &self.block_size)
+            .field("streams", &self.streams.len())
+            .field("entries", &self.reader.index.entries())
+            .finish()
+    }
 }
 
 impl EventIndex {
-    /// Empty index for router blocks of `block_size` tokens (> 0).
+    /// Empty index for router blocks of `block_size` tokens (> 0), up to
+    /// [`DEFAULT_STREAMS`] streams, no pruning.
     pub fn new(block_size: usize) -> Self {
+        Self::with_settings(&EventIndexSettings {
+            block_size,
+            max_streams: DEFAULT_STREAMS,
+            ttl_ms: None,
+            max_entries: None,
+        })
+    }
+
+    /// Empty index with `settings` (block size 0 is taken as 1).
+    pub fn with_settings(settings: &EventIndexSettings) -> Self {
+        let block_size = settings.block_size.max(1);
+        let max_streams = settings.max_streams.max(1);
+        let (index, writers) = positional::EventIndex::new(&EventIndexConfig {
+            block_size,
+            max_workers: max_streams,
+            ttl_ms: settings.ttl_ms,
+            max_entries: settings.max_entries,
+        });
         Self {
-            block_size: block_size.max(1),
+            block_size,
+            reader: EventReader {
+                index,
+                owners: (0..max_streams).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            },
+            writers,
             streams: HashMap::new(),
-            holders: HashMap::new(),
+            next_id: 0,
+            now_ms: 0,
+            prunes: settings.ttl_ms.is_some() || settings.max_entries.is_some(),
         }
+    }
+
+    /// A lock-free read handle (one per gateway shard or router).
+    pub fn reader(&self) -> EventReader {
+        self.reader.clone()
     }
 
     /// Router block size, tokens.
@@ -175,14 +303,30 @@ impl EventIndex {
         self.block_size
     }
 
-    /// True when no stream holds any block (routing then falls back to the token tree).
+    /// True when no stream holds any block.
     pub fn is_empty(&self) -> bool {
-        self.holders.is_empty()
+        self.reader.is_empty()
+    }
+
+    /// Sets the time stamped on blocks stored or touched from now on, ms on the caller's
+    /// clock (for [`Self::prune`]'s TTL and least-recently-touched order).
+    pub fn set_now(&mut self, now_ms: u64) {
+        self.now_ms = now_ms;
     }
 
     /// Counters of `stream` (created on first use).
     pub fn stats_mut(&mut self, stream: StreamId) -> &mut StreamStats {
-        &mut self.streams.entry(stream).or_default().stats
+        &mut self.state(stream).stats
+    }
+
+    /// State of `stream`, created (with a dense id while any is left) on first use.
+    fn state(&mut self, stream: StreamId) -> &mut StreamState {
+        state_of(
+            &mut self.streams,
+            &self.reader.owners,
+            &mut self.next_id,
+            stream,
+        )
     }
 
     /// Counters of every known stream, sorted by stream.
@@ -196,15 +340,19 @@ impl EventIndex {
         v
     }
 
-    /// Engine blocks `stream` holds in `tier`.
+    /// Engine blocks `stream` holds in `tier` (any order).
     pub fn engine_hashes(&self, stream: StreamId, tier: Tier) -> Vec<EngineHash> {
-        self.streams.get(&stream).map_or_else(Vec::new, |s| {
-            s.by_engine
-                .iter()
-                .filter(|(_, e)| e.tiers & tier.bit() != 0)
-                .map(|(h, _)| *h)
-                .collect()
-        })
+        let Some((st, Some(id))) = self.streams.get(&stream).map(|s| (s, s.id)) else {
+            return Vec::new();
+        };
+        let held = if st.ratio > 1 {
+            st.recut.iter().copied().collect()
+        } else {
+            self.writers[id as usize / SHARD_WORKERS].engine_hashes(id)
+        };
+        held.into_iter()
+            .filter(|h| st.tiers.get(h).copied().unwrap_or(DEVICE) & tier.bit() != 0)
+            .collect()
     }
 
     /// Engine blocks (any tier) held by all ranks of `worker`.
@@ -212,13 +360,20 @@ impl EventIndex {
         self.streams
             .iter()
             .filter(|(s, _)| s.worker == worker)
-            .map(|(_, st)| st.by_engine.len())
+            .map(|(_, st)| match st.id {
+                Some(_) if st.ratio > 1 => st.recut.len(),
+                Some(id) => self.writers[id as usize / SHARD_WORKERS].worker_blocks(id),
+                None => 0,
+            })
             .sum()
     }
 
-    /// Router keys (any tier) held by `stream`.
+    /// Router blocks (any tier) held by `stream`.
     pub fn stream_keys(&self, stream: StreamId) -> usize {
-        self.streams.get(&stream).map_or(0, |s| s.keys.len())
+        match self.streams.get(&stream).and_then(|s| s.id) {
+            Some(id) => self.writers[id as usize / SHARD_WORKERS].worker_blocks(id),
+            None => 0,
+        }
     }
 
     /// Applies every event of `batch` to `stream`, in order.
@@ -241,11 +396,22 @@ impl EventIndex {
     /// Applies one `BlockStored`.
     pub fn stored(&mut self, stream: StreamId, ev: &BlockStored) {
         let rbs = self.block_size;
+        let now = self.now_ms;
         let (tier, known) = Tier::from_medium(ev.medium.as_deref());
-        let state = self.streams.entry(stream).or_default();
+        let state = state_of(
+            &mut self.streams,
+            &self.reader.owners,
+            &mut self.next_id,
+            stream,
+        );
         if !known {
             state.stats.unknown_media += 1;
         }
+        let Some(id) = state.id else {
+            state.stats.over_capacity += 1;
+            return;
+        };
+        let writer = &mut self.writers[id as usize / SHARD_WORKERS];
         let n = ev.block_hashes.len();
         if n == 0 {
             return;
@@ -259,17 +425,11 @@ impl EventIndex {
         }
         if ev.token_ids.is_empty() {
             // Offload store (B25): a tier for blocks known from their GPU store.
-            for h in &ev.block_hashes {
-                match state.by_engine.get_mut(h) {
-                    Some(e) => {
-                        e.tiers |= tier.bit();
-                        for k in e.keys.clone() {
-                            if let Some(r) = state.keys.get_mut(&k) {
-                                r.1 |= tier.bit();
-                            }
-                        }
-                    }
-                    None => state.stats.unknown_offloads += 1,
+            for &h in &ev.block_hashes {
+                if writer.holds(id, h) {
+                    add_tier(&mut state.tiers, h, tier);
+                } else {
+                    state.stats.unknown_offloads += 1;
                 }
             }
             return;
@@ -294,40 +454,45 @@ impl EventIndex {
             );
             return;
         }
-        let mut prev = match ev.parent_block_hash {
-            None => None,
-            Some(p) => match state.by_engine.get(&p) {
-                Some(e) => e.keys.last().copied(),
-                None => {
-                    state.stats.orphans += 1;
-                    return;
-                }
-            },
-        };
-        for (i, h) in ev.block_hashes.iter().enumerate() {
-            if let Some(e) = state.by_engine.get_mut(h) {
-                // Already indexed (duplicate store): never inflate counts (§8.3).
-                e.tiers |= tier.bit();
-                prev = e.keys.last().copied();
-                continue;
+        let k = ebs / rbs;
+        if state.ratio != k {
+            if state.ratio != 0 && writer.worker_blocks(id) > 0 {
+                // Blocks stored at the old size would be removed at the new one: start over.
+                tracing::warn!(
+                    worker = stream.worker,
+                    rank = stream.rank,
+                    engine_block = ebs,
+                    "engine block size changed: stream cleared"
+                );
+                clear_stream(writer, id, state);
             }
-            let keys = chain_keys(prev, &ev.token_ids[i * ebs..(i + 1) * ebs], rbs);
-            prev = keys.last().copied();
-            for &k in &keys {
-                let r = state.keys.entry(k).or_insert((0, 0));
-                r.0 += 1;
-                r.1 |= tier.bit();
-                if r.0 == 1 {
-                    self.holders.entry(k).or_default().push(stream);
-                }
+            state.ratio = k;
+        }
+        if let Some(p) = ev.parent_block_hash
+            && !writer.holds(id, p)
+        {
+            state.stats.orphans += 1;
+            return;
+        }
+        let mut handles = Vec::with_capacity(n * k);
+        for &h in &ev.block_hashes {
+            if writer.holds(id, h) {
+                // Already indexed (duplicate store, §8.3): only its tier and touch change.
+                add_tier(&mut state.tiers, h, tier);
+            } else if tier != Tier::Device {
+                state.tiers.insert(h, tier.bit());
             }
-            state.by_engine.insert(
-                *h,
-                Entry {
-                    keys,
-                    tiers: tier.bit(),
-                },
-            );
+            if k > 1 {
+                state.recut.insert(h);
+            }
+            handles.extend((0..k).map(|j| sub_hash(h, j, k)));
+        }
+        if let Err(e) =
+            writer.apply_stored(id, 0, ev.parent_block_hash, &handles, &ev.token_ids, now)
+        {
+            // Unreachable after the checks above; counted rather than trusted.
+            tracing::warn!(worker = stream.worker, rank = stream.rank, "store: {e}");
+            state.stats.orphans += 1;
         }
     }
 
@@ -335,37 +500,44 @@ impl EventIndex {
     /// leaves the index.
     pub fn removed(&mut self, stream: StreamId, ev: &BlockRemoved) {
         let (tier, _) = Tier::from_medium(ev.medium.as_deref());
-        let state = self.streams.entry(stream).or_default();
-        for h in &ev.block_hashes {
-            let Some(e) = state.by_engine.get_mut(h) else {
+        let state = state_of(
+            &mut self.streams,
+            &self.reader.owners,
+            &mut self.next_id,
+            stream,
+        );
+        let Some(id) = state.id else {
+            state.stats.over_capacity += 1;
+            return;
+        };
+        let writer = &mut self.writers[id as usize / SHARD_WORKERS];
+        let k = state.ratio.max(1);
+        let mut gone = Vec::new();
+        for &h in &ev.block_hashes {
+            if !writer.holds(id, h) {
                 state.stats.unknown_removals += 1;
                 continue;
-            };
-            e.tiers &= !tier.bit();
-            if e.tiers != 0 {
-                // A key carried by this entry alone takes its remaining tiers; a key shared
-                // by several engine blocks keeps the union (over-credits, never under).
-                let tiers = e.tiers;
-                for k in &e.keys {
-                    if let Some(r) = state.keys.get_mut(k)
-                        && r.0 == 1
-                    {
-                        r.1 = tiers;
-                    }
-                }
-                continue;
             }
-            let e = state.by_engine.remove(h).expect("entry present");
-            for k in e.keys {
-                let Some(r) = state.keys.get_mut(&k) else {
-                    continue;
-                };
-                r.0 -= 1;
-                if r.0 == 0 {
-                    state.keys.remove(&k);
-                    remove_holder(&mut self.holders, k, stream);
+            let mask = state.tiers.get(&h).copied().unwrap_or(DEVICE) & !tier.bit();
+            match mask {
+                0 => {
+                    state.tiers.remove(&h);
+                    state.recut.remove(&h);
+                    // Deepest first, so the engine block never leaves a transient hole.
+                    gone.extend((0..k).rev().map(|j| sub_hash(h, j, k)));
+                }
+                DEVICE => {
+                    state.tiers.remove(&h);
+                }
+                m => {
+                    state.tiers.insert(h, m);
                 }
             }
+        }
+        if !gone.is_empty() {
+            writer
+                .apply_removed(id, &gone)
+                .expect("stream id is in its writer's shard");
         }
     }
 
@@ -375,69 +547,47 @@ impl EventIndex {
         let Some(state) = self.streams.get_mut(&stream) else {
             return;
         };
-        state.by_engine.clear();
-        for (k, _) in state.keys.drain() {
-            remove_holder(&mut self.holders, k, stream);
+        if let Some(id) = state.id {
+            clear_stream(&mut self.writers[id as usize / SHARD_WORKERS], id, state);
         }
     }
 
-    /// Forgets every stream of `worker`, counters included (worker removed, B35).
+    /// Forgets every stream of `worker`: its blocks and counters (worker removed, B35). Its
+    /// dense ids stay reserved for it, so it may come back.
     pub fn remove_worker(&mut self, worker: u32) {
-        let streams: Vec<StreamId> = self
-            .streams
-            .keys()
-            .filter(|s| s.worker == worker)
-            .copied()
-            .collect();
-        for s in streams {
-            self.clear(s);
-            self.streams.remove(&s);
+        for st in self.streams.iter_mut().filter(|(s, _)| s.worker == worker) {
+            let st = st.1;
+            if let Some(id) = st.id {
+                clear_stream(&mut self.writers[id as usize / SHARD_WORKERS], id, st);
+            }
+            st.stats = StreamStats::default();
         }
     }
 
-    /// Streams holding a prefix of `keys` (router block keys of one prompt), with the count of
-    /// consecutive leading blocks each holds (a hole truncates). Streams holding no leading
-    /// block are absent. Cost O(Σ holders over the matched prefix).
-    pub fn find_matches(&self, keys: &[u64]) -> Vec<Match> {
-        let Some(first) = keys.first().and_then(|k| self.holders.get(k)) else {
-            return Vec::new();
-        };
-        let mut out: Vec<Match> = first
-            .iter()
-            .map(|&s| Match {
-                stream: s,
-                blocks: 0,
-                weighted_blocks: 0.0,
-            })
-            .collect();
-        let mut frozen = vec![false; out.len()];
-        let mut alive = out.len();
-        for k in keys {
-            if alive == 0 {
-                break;
-            }
-            for (m, f) in out.iter_mut().zip(frozen.iter_mut()) {
-                if *f {
-                    continue;
-                }
-                let mask = self
-                    .streams
-                    .get(&m.stream)
-                    .and_then(|st| st.keys.get(k))
-                    .map(|r| r.1);
-                match mask {
-                    Some(mask) => {
-                        m.blocks += 1;
-                        m.weighted_blocks += mask_weight(mask);
-                    }
-                    None => {
-                        *f = true;
-                        alive -= 1;
-                    }
-                }
+    /// True when a TTL or an entry cap is set, so [`Self::prune`] has work to do.
+    pub fn prunes(&self) -> bool {
+        self.prunes
+    }
+
+    /// Applies the TTL and entry cap at `now_ms` (see [`EventIndexSettings`]); returns the
+    /// router blocks dropped. Cost O(entries); meant to run every
+    /// [`crate::config::defaults::KV_INDEXER_PRUNE_EVERY_MS`], not per event.
+    pub fn prune(&mut self, now_ms: u64) -> usize {
+        let dropped = self.writers.iter_mut().map(|w| w.prune(now_ms)).sum();
+        if dropped > 0 {
+            for st in self.streams.values_mut() {
+                let Some(id) = st.id else { continue };
+                let w = &self.writers[id as usize / SHARD_WORKERS];
+                st.tiers.retain(|h, _| w.holds(id, *h));
+                st.recut.retain(|h| w.holds(id, *h));
             }
         }
-        out
+        dropped
+    }
+
+    /// Streams holding a prefix of `keys`: [`EventReader::find_matches`].
+    pub fn find_matches(&self, keys: &[u64]) -> Vec<Match> {
+        self.reader.find_matches(keys)
     }
 
     /// Checks the invariants; the error names the broken one.
@@ -445,43 +595,94 @@ impl EventIndex {
     /// # Errors
     /// `(number, stream)` of the first broken invariant.
     pub fn check_invariants(&self) -> Result<(), (u8, Option<StreamId>)> {
-        let mut count = 0usize;
         for (s, st) in &self.streams {
-            let mut refs: HashMap<u64, u32> = HashMap::new();
-            for e in st.by_engine.values() {
-                if e.tiers == 0 {
-                    return Err((3, Some(*s)));
-                }
-                for k in &e.keys {
-                    *refs.entry(*k).or_default() += 1;
-                }
-            }
-            if refs.len() != st.keys.len()
-                || refs
-                    .iter()
-                    .any(|(k, n)| st.keys.get(k).map(|r| r.0) != Some(*n))
-            {
-                return Err((2, Some(*s)));
-            }
-            for k in st.keys.keys() {
-                if !self.holders.get(k).is_some_and(|h| h.contains(s)) {
+            let Some(id) = st.id else {
+                if !st.tiers.is_empty() || !st.recut.is_empty() {
                     return Err((1, Some(*s)));
                 }
+                continue;
+            };
+            let w = &self.writers[id as usize / SHARD_WORKERS];
+            if st
+                .tiers
+                .keys()
+                .chain(st.recut.iter())
+                .any(|h| !w.holds(id, *h))
+            {
+                return Err((1, Some(*s)));
             }
-            count += st.keys.len();
+            if st.ratio > 1 {
+                let k = st.ratio;
+                if w.worker_blocks(id) != st.recut.len() * k
+                    || st
+                        .recut
+                        .iter()
+                        .any(|&h| (0..k).any(|j| !w.holds(id, sub_hash(h, j, k))))
+                {
+                    return Err((2, Some(*s)));
+                }
+            } else if !st.recut.is_empty() {
+                return Err((2, Some(*s)));
+            }
+            if st.tiers.values().any(|&m| m == 0 || m == DEVICE) {
+                return Err((3, Some(*s)));
+            }
         }
-        if self.holders.values().map(Vec::len).sum::<usize>() != count {
-            return Err((1, None));
+        for w in &self.writers {
+            if w.check_invariants().is_err() {
+                return Err((4, None));
+            }
         }
         Ok(())
     }
 }
 
-fn remove_holder(holders: &mut HashMap<u64, Vec<StreamId>>, key: u64, stream: StreamId) {
-    if let Some(v) = holders.get_mut(&key) {
-        v.retain(|s| *s != stream);
-        if v.is_empty() {
-            holders.remove(&key);
+/// State of `stream` in `streams`, created on first use with the next dense id (published in
+/// `owners` before any of its blocks) while ids are left, else with none.
+fn state_of<'a>(
+    streams: &'a mut HashMap<StreamId, StreamState>,
+    owners: &[AtomicU64],
+    next: &mut u32,
+    stream: StreamId,
+) -> &'a mut StreamState {
+    streams.entry(stream).or_insert_with(|| {
+        let id = ((*next as usize) < owners.len()).then(|| {
+            let id = *next;
+            *next += 1;
+            owners[id as usize].store(
+                u64::from(stream.worker) << 32 | u64::from(stream.rank),
+                Ordering::Release,
+            );
+            id
+        });
+        if id.is_none() {
+            tracing::warn!(
+                worker = stream.worker,
+                rank = stream.rank,
+                capacity = owners.len(),
+                "KV event stream beyond the index's capacity: not indexed"
+            );
         }
+        StreamState {
+            id,
+            ..StreamState::default()
+        }
+    })
+}
+
+/// Adds `tier` to the held block `h`'s tier set.
+fn add_tier(tiers: &mut HashMap<EngineHash, u8>, h: EngineHash, tier: Tier) {
+    let mask = tiers.get(&h).copied().unwrap_or(DEVICE) | tier.bit();
+    if mask != DEVICE {
+        tiers.insert(h, mask);
     }
+}
+
+/// Drops every block of the stream with dense id `id`.
+fn clear_stream(writer: &mut EventWriter, id: u32, state: &mut StreamState) {
+    writer
+        .apply_cleared(id)
+        .expect("stream id is in its writer's shard");
+    state.tiers = HashMap::new();
+    state.recut = HashSet::new();
 }

@@ -28,7 +28,7 @@ pub mod index;
 pub mod sequence;
 
 pub use decode::{BlockRemoved, BlockStored, DecodeError, EngineHash, EventBatch, KvEvent};
-pub use index::{EventIndex, Match, StreamStats, Tier};
+pub use index::{EventIndex, EventIndexSettings, EventReader, Match, StreamStats, Tier};
 pub use sequence::{ClearReason, SeqTracker, Step};
 
 use std::collections::HashMap;

@@ -196,7 +196,7 @@ fn b25_b29_offload_tiers() {
     );
     assert_eq!(ix.stats_mut(RANK0).unknown_offloads, 1);
     assert_eq!(ix.engine_hashes(RANK0, Tier::Host), vec![1]);
-    // GPU copy evicted: the host copy keeps the key, at host weight.
+    // GPU copy evicted: the host copy keeps the block held; evicting it too drops it.
     ix.removed(
         RANK0,
         &BlockRemoved {
@@ -204,8 +204,17 @@ fn b25_b29_offload_tiers() {
             medium: Some("GPU".into()),
         },
     );
-    let m = ix.find_matches(&keys);
-    assert_eq!((m[0].blocks, m[0].weighted_blocks), (1, 0.75));
+    assert_eq!(ix.find_matches(&keys)[0].blocks, 1);
+    assert!(ix.engine_hashes(RANK0, Tier::Device).is_empty());
+    assert_eq!(ix.engine_hashes(RANK0, Tier::Host), vec![1]);
+    ix.removed(
+        RANK0,
+        &BlockRemoved {
+            block_hashes: vec![1],
+            medium: Some("CPU".into()),
+        },
+    );
+    assert!(ix.find_matches(&keys).is_empty());
 
     let other = StreamId { worker: 1, rank: 0 };
     ix.apply_batch(
@@ -217,7 +226,9 @@ fn b25_b29_offload_tiers() {
         .into_iter()
         .filter(|m| m.stream == other)
         .collect();
-    assert_eq!((m[0].blocks, m[0].weighted_blocks), (16, 4.0));
+    assert_eq!(m[0].blocks, 16);
+    assert_eq!(ix.engine_hashes(other, Tier::Disk), vec![500]);
+    assert_eq!(ix.worker_blocks(1), 1);
     // A GPU removal does not touch the disk tier; the STORAGE one does.
     ix.removed(
         other,
@@ -511,17 +522,16 @@ fn unannounced_prefix_follows_the_routers_recent_decision_until_events_arrive() 
     use crate::config::{Config, PolicyKind};
     use crate::policy::{Reason, Router};
     use crate::route_key::RouteKey;
-    use std::sync::{Arc, RwLock};
 
     let mut router = Router::new(&Config {
         policy: PolicyKind::CacheAware,
         ..Config::default()
     });
-    let events = Arc::new(RwLock::new(EventIndex::new(16)));
-    router.set_event_index(events.clone());
+    let mut events = EventIndex::new(16);
+    router.set_event_index(events.reader());
     // The event index holds something else, so it is consulted.
     let other = toks(5_000..5_064);
-    events.write().unwrap().apply_batch(
+    events.apply_batch(
         StreamId { worker: 2, rank: 0 },
         &decode::decode_batch(&batch(vec![store(&[7, 8, 9, 10], None, &other, 16)], 0)).unwrap(),
     );
@@ -544,7 +554,7 @@ fn unannounced_prefix_follows_the_routers_recent_decision_until_events_arrive() 
     // Engine 3 announces the whole prompt: the event index decides, whatever the tree says.
     let t = toks(0..128);
     let hashes: Vec<u64> = (100..108).collect();
-    events.write().unwrap().apply_batch(
+    events.apply_batch(
         StreamId { worker: 3, rank: 0 },
         &decode::decode_batch(&batch(vec![store(&hashes, None, &t, 16)], 0)).unwrap(),
     );
@@ -648,4 +658,230 @@ fn b39_orphan_store_triggers_a_replay_that_restores_matching() {
     assert_eq!(st.batches, 2, "live batches 0 and 2");
     assert_eq!(st.replays, 2);
     ix.check_invariants().unwrap();
+}
+
+// ---- EventIndex against a brute-force reference ---------------------------------------
+
+mod reference {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{HashMap, HashSet};
+
+    /// Engine blocks per document.
+    const BLOCKS: usize = 6;
+    /// Streams: stream `s` has engine blocks of `16 × (s + 1)` tokens (router blocks 16), so
+    /// stream 1 exercises the re-cut (k = 2).
+    const STREAMS: u32 = 2;
+
+    /// Documents 0 and 1 share their first 64 tokens; 2 is unrelated.
+    fn doc(d: usize) -> Vec<u32> {
+        (0..(BLOCKS * 32) as u32)
+            .map(|t| {
+                if t < 64 && d < 2 {
+                    t
+                } else {
+                    10_000 * (d as u32 + 1) + t
+                }
+            })
+            .collect()
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Store {
+            s: u32,
+            d: usize,
+            from: usize,
+            n: usize,
+            cpu: bool,
+        },
+        Offload {
+            s: u32,
+            d: usize,
+            i: usize,
+        },
+        Remove {
+            s: u32,
+            d: usize,
+            i: usize,
+            cpu: bool,
+        },
+        Clear {
+            s: u32,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0..STREAMS, 0..3usize, 0..BLOCKS, 1..4usize, prop::bool::weighted(0.2))
+                .prop_map(|(s, d, from, n, cpu)| Op::Store { s, d, from, n, cpu }),
+            1 => (0..STREAMS, 0..3usize, 0..BLOCKS).prop_map(|(s, d, i)| Op::Offload { s, d, i }),
+            3 => (0..STREAMS, 0..3usize, 0..BLOCKS, prop::bool::weighted(0.3))
+                .prop_map(|(s, d, i, cpu)| Op::Remove { s, d, i, cpu }),
+            1 => (0..STREAMS).prop_map(|s| Op::Clear { s }),
+        ]
+    }
+
+    /// Engine hash of block `i` of document `d` on stream `s`: documents 0 and 1 share the
+    /// hash of their shared leading blocks, as an engine's chained hashes do.
+    fn hash(s: u32, d: usize, i: usize) -> u64 {
+        let shared_blocks = 64 / (16 * (s as usize + 1));
+        let d = if d < 2 && i < shared_blocks { 0 } else { d };
+        1 + (u64::from(s) << 32) + (d as u64) * 100 + i as u64
+    }
+
+    /// Per stream: engine hash → (router keys, tier mask).
+    type Model = HashMap<u32, HashMap<u64, (Vec<u64>, u8)>>;
+
+    fn apply_model(m: &mut Model, op: &Op) {
+        let bit = |cpu: bool| if cpu { 2u8 } else { 1u8 };
+        match *op {
+            Op::Store { s, d, from, n, cpu } => {
+                let k = s as usize + 1;
+                let keys = chain_keys(None, &doc(d), 16);
+                let st = m.entry(s).or_default();
+                if from > 0 && !st.contains_key(&hash(s, d, from - 1)) {
+                    return; // orphan
+                }
+                for i in from..(from + n).min(BLOCKS) {
+                    let e = st
+                        .entry(hash(s, d, i))
+                        .or_insert_with(|| (keys[i * k..(i + 1) * k].to_vec(), 0));
+                    e.1 |= bit(cpu);
+                }
+            }
+            Op::Offload { s, d, i } => {
+                if let Some(e) = m.entry(s).or_default().get_mut(&hash(s, d, i)) {
+                    e.1 |= 2;
+                }
+            }
+            Op::Remove { s, d, i, cpu } => {
+                let st = m.entry(s).or_default();
+                let h = hash(s, d, i);
+                if let Some(e) = st.get_mut(&h) {
+                    e.1 &= !bit(cpu);
+                    if e.1 == 0 {
+                        st.remove(&h);
+                    }
+                }
+            }
+            Op::Clear { s } => {
+                m.remove(&s);
+            }
+        }
+    }
+
+    fn apply_index(ix: &mut EventIndex, op: &Op) {
+        let medium = |cpu: bool| cpu.then(|| "CPU".to_string());
+        match *op {
+            Op::Store { s, d, from, n, cpu } => {
+                let ebs = 16 * (s as usize + 1);
+                let to = (from + n).min(BLOCKS);
+                ix.stored(
+                    StreamId { worker: s, rank: 0 },
+                    &BlockStored {
+                        block_hashes: (from..to).map(|i| hash(s, d, i)).collect(),
+                        parent_block_hash: (from > 0).then(|| hash(s, d, from - 1)),
+                        token_ids: doc(d)[from * ebs..to * ebs].to_vec(),
+                        block_size: ebs,
+                        medium: medium(cpu),
+                        lora_name: None,
+                    },
+                );
+            }
+            Op::Offload { s, d, i } => ix.stored(
+                StreamId { worker: s, rank: 0 },
+                &BlockStored {
+                    block_hashes: vec![hash(s, d, i)],
+                    parent_block_hash: None,
+                    token_ids: Vec::new(),
+                    block_size: 0,
+                    medium: medium(true),
+                    lora_name: None,
+                },
+            ),
+            Op::Remove { s, d, i, cpu } => ix.removed(
+                StreamId { worker: s, rank: 0 },
+                &BlockRemoved {
+                    block_hashes: vec![hash(s, d, i)],
+                    medium: medium(cpu),
+                },
+            ),
+            Op::Clear { s } => ix.clear(StreamId { worker: s, rank: 0 }),
+        }
+    }
+
+    proptest! {
+        /// Matches, held engine blocks per tier and block counts equal the reference after
+        /// every op; invariants hold throughout.
+        #[test]
+        fn event_index_matches_reference(ops in prop::collection::vec(op(), 1..60)) {
+            let mut ix = EventIndex::new(16);
+            let mut model = Model::new();
+            for op in &ops {
+                apply_index(&mut ix, op);
+                apply_model(&mut model, op);
+                prop_assert_eq!(ix.check_invariants(), Ok(()), "after {:?}", op);
+                for d in 0..3 {
+                    let q = chain_keys(None, &doc(d), 16);
+                    let got: HashMap<u32, usize> = ix
+                        .find_matches(&q)
+                        .into_iter()
+                        .map(|m| (m.stream.worker, m.blocks))
+                        .collect();
+                    for s in 0..STREAMS {
+                        let held: HashSet<u64> = model
+                            .get(&s)
+                            .map(|st| st.values().flat_map(|e| e.0.clone()).collect())
+                            .unwrap_or_default();
+                        let want = q.iter().take_while(|k| held.contains(k)).count();
+                        prop_assert_eq!(
+                            got.get(&s).copied().unwrap_or(0), want,
+                            "stream {} doc {} after {:?}", s, d, op
+                        );
+                    }
+                }
+                for s in 0..STREAMS {
+                    let stream = StreamId { worker: s, rank: 0 };
+                    let st = model.get(&s).cloned().unwrap_or_default();
+                    for (tier, bit) in [(Tier::Device, 1u8), (Tier::Host, 2)] {
+                        let mut got = ix.engine_hashes(stream, tier);
+                        got.sort_unstable();
+                        let mut want: Vec<u64> =
+                            st.iter().filter(|e| e.1.1 & bit != 0).map(|e| *e.0).collect();
+                        want.sort_unstable();
+                        prop_assert_eq!(got, want, "stream {} tier {:?}", s, tier);
+                    }
+                    prop_assert_eq!(ix.worker_blocks(s), st.len());
+                }
+            }
+        }
+    }
+
+    /// Streams beyond the index's capacity are counted, never indexed, and never disturb
+    /// the streams that fit.
+    #[test]
+    fn streams_beyond_capacity_are_counted_not_indexed() {
+        let mut ix = EventIndex::with_settings(&EventIndexSettings {
+            block_size: 16,
+            max_streams: 1,
+            ttl_ms: None,
+            max_entries: None,
+        });
+        let a = StreamId { worker: 0, rank: 0 };
+        let b = StreamId { worker: 1, rank: 0 };
+        let t = doc(2);
+        ix.stored(a, &decoded_store(&[1], &t[..16]));
+        ix.stored(b, &decoded_store(&[1], &t[..16]));
+        let m = ix.find_matches(&chain_keys(None, &t[..16], 16));
+        assert_eq!(
+            m,
+            vec![Match {
+                stream: a,
+                blocks: 1
+            }]
+        );
+        assert_eq!(ix.stats_mut(b).over_capacity, 1);
+        ix.check_invariants().unwrap();
+    }
 }

@@ -202,8 +202,9 @@ pub struct Router {
     started: Instant,
     next: AtomicUsize,
     models: LeftRight<HashMap<String, Arc<ModelIndexes>>, (String, Arc<ModelIndexes>)>,
-    /// Engine KV-event index (issue 5), written only by `io`'s event writer.
-    events: Option<Arc<std::sync::RwLock<crate::events::EventIndex>>>,
+    /// Lock-free read side of the engine KV-event index (issue 5), written only by `io`'s
+    /// event writer.
+    events: Option<crate::events::EventReader>,
 }
 
 fn add_model(m: &mut HashMap<String, Arc<ModelIndexes>>, op: &(String, Arc<ModelIndexes>)) {
@@ -233,15 +234,11 @@ impl Router {
         }
     }
 
-    /// Routes token-bearing cache_aware requests on `index` (engine KV events) whenever it
-    /// holds any block. Called once, before the router is shared.
-    pub fn set_event_index(&mut self, index: Arc<std::sync::RwLock<crate::events::EventIndex>>) {
-        self.events = Some(index);
-    }
-
-    /// The engine KV-event index, if one is attached.
-    pub fn event_index(&self) -> Option<&Arc<std::sync::RwLock<crate::events::EventIndex>>> {
-        self.events.as_ref()
+    /// Routes token-bearing cache_aware requests on the event index read by `reader`
+    /// (engine KV events) whenever it holds any block. Called once, before the router is
+    /// shared.
+    pub fn set_event_index(&mut self, reader: crate::events::EventReader) {
+        self.events = Some(reader);
     }
 
     /// cache_aware on engine events (issue 5 item 5): `None` when no event index is attached
@@ -257,7 +254,7 @@ impl Router {
         loads: &[usize],
         rng: &mut impl Rng,
     ) -> Option<Decision> {
-        let ix = self.events.as_ref()?.read().ok()?;
+        let ix = self.events.as_ref()?;
         if ix.is_empty() {
             return None;
         }
@@ -269,7 +266,6 @@ impl Router {
                 *b = (*b).max(m.blocks);
             }
         }
-        drop(ix);
         let gate = SpillGate::new(
             loads,
             self.balance_rel_threshold,
