@@ -15,13 +15,32 @@
 //!
 //! Traces are read from `$KVROUTE_WEKA_DIR`, else `../shared/data/traces/weka` (from the
 //! repository root); they are never copied into the repository.
+//!
+//! A second part (`growing` in the report, [`growing`]) measures what the Mooncake replay
+//! sends: each turn is ONE user message whose text is the previous turn's text plus
+//! 500–2,000 new tokens of vocabulary words, from 1,000–2,000 tokens up to 16k tokens, over
+//! [`GROWING_TURNS`] turns of [`GROWING_CONVERSATIONS`] conversations. Nothing there is
+//! reusable at message boundaries, only at text cuts inside the message. Per turn it reports
+//! full encode, incremental encode (warm cache, the previous turns seen) and a miss
+//! (incremental encode on an empty cache: its cost over the full encode is the overhead
+//! every first turn pays), each the minimum of [`GROWING_REPEATS`] runs in this process.
 
 use kvroute_tokenize::{IncrementalTokenizer, Tokenizer};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::trace::synth::WordIds;
+use crate::trace::synth::{SplitMix64, WordIds};
+
+/// Conversations of the growing single-message part.
+pub const GROWING_CONVERSATIONS: usize = 6;
+/// Turns per growing conversation (turn 1: 1,000–2,000 tokens; then +500–2,000 per turn).
+pub const GROWING_TURNS: usize = 8;
+/// Largest growing prompt, words (one token each): the Mooncake replay of the demo sends
+/// prompts of 1k–16k tokens.
+pub const GROWING_MAX_WORDS: usize = 16_384;
+/// Runs per measurement of the growing part; the minimum is reported (2 noisy shared cores).
+pub const GROWING_REPEATS: usize = 5;
 
 /// Conversations (WEKA trace files, in name order) measured.
 pub const CONVERSATIONS: usize = 3;
@@ -176,7 +195,9 @@ pub fn run() -> anyhow::Result<Value> {
             "ids_identical": ok,
         }));
     }
+    let growing = growing(&tok, &words)?;
     let report = json!({
+        "growing": growing,
         "bench": "tokenize",
         "tokenizer": "qwen3 (embedded)",
         "traces": used,
@@ -192,6 +213,153 @@ pub fn run() -> anyhow::Result<Value> {
     });
     print_table(&report);
     Ok(report)
+}
+
+/// One measured turn of one growing conversation (minimum times over the repeats).
+struct Grown {
+    tokens: usize,
+    reused: usize,
+    full: Duration,
+    incr: Duration,
+    miss: Duration,
+    ok: bool,
+}
+
+/// The growing single-message part (see the module doc): per turn, full vs incremental vs
+/// miss, and totals. Returns its JSON section and prints its table.
+///
+/// # Errors
+/// The chat template fails to render, or the tokenizer fails.
+pub fn growing(tok: &Tokenizer, words: &WordIds) -> anyhow::Result<Value> {
+    let started = Instant::now();
+    let mut rows: Vec<Vec<Grown>> = (0..GROWING_TURNS).map(|_| Vec::new()).collect();
+    for c in 0..GROWING_CONVERSATIONS {
+        let ns = 1000 + c as u32;
+        // The whole conversation text: blocks of 512 words (" w1 w2 …"), as replayed; a turn
+        // of n words is its prefix up to the end of word n.
+        let content: String = (0..GROWING_MAX_WORDS.div_ceil(512))
+            .map(|b| words.block_text(ns, b as u64, 512))
+            .collect();
+        let mut ends: Vec<usize> = content.match_indices(' ').map(|(i, _)| i).skip(1).collect();
+        ends.push(content.len());
+        let mut rng = SplitMix64::new(ns, 7);
+        let mut n = 1000 + (rng.next_u64() % 1001) as usize;
+        let mut incs: Vec<IncrementalTokenizer> = (0..GROWING_REPEATS)
+            .map(|_| IncrementalTokenizer::new(tok.clone(), 1 << 23))
+            .collect();
+        for row in rows.iter_mut() {
+            let n_words = n.min(ends.len());
+            let msg = &content[..ends[n_words - 1]];
+            let prompt = tok.render_chat(&json!([{"role": "user", "content": msg}]), true)?;
+            let (mut full, mut incr, mut miss) = (Duration::MAX, Duration::MAX, Duration::MAX);
+            let (mut ok, mut reused, mut tokens) = (true, 0, 0);
+            for inc in incs.iter_mut() {
+                let mut empty = IncrementalTokenizer::new(tok.clone(), 1 << 23);
+                let t0 = Instant::now();
+                let want = tok.try_encode(&prompt)?;
+                let t1 = Instant::now();
+                let got = inc.encode(&prompt, 0)?;
+                let t2 = Instant::now();
+                let cold = empty.encode(&prompt, 0)?;
+                let t3 = Instant::now();
+                full = full.min(t1 - t0);
+                incr = incr.min(t2 - t1);
+                miss = miss.min(t3 - t2);
+                ok &= got.ids == want && cold.ids == want && cold.reused_tokens == 0;
+                (reused, tokens) = (got.reused_tokens, want.len());
+            }
+            row.push(Grown {
+                tokens,
+                reused,
+                full,
+                incr,
+                miss,
+                ok,
+            });
+            n += 500 + (rng.next_u64() % 1501) as usize;
+        }
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut table = Vec::new();
+    let (mut tok_all, mut full_all, mut inc_all, mut miss_all) =
+        (0usize, Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let (mut tok_2_8, mut full_2_8, mut inc_2_8) = (0usize, Duration::ZERO, Duration::ZERO);
+    let mut identical = true;
+    for (k, row) in rows.iter().enumerate() {
+        let n = row.len() as f64;
+        let tokens: usize = row.iter().map(|r| r.tokens).sum();
+        let reused: usize = row.iter().map(|r| r.reused).sum();
+        let full: Duration = row.iter().map(|r| r.full).sum();
+        let incr: Duration = row.iter().map(|r| r.incr).sum();
+        let miss: Duration = row.iter().map(|r| r.miss).sum();
+        let ok = row.iter().all(|r| r.ok);
+        identical &= ok;
+        tok_all += tokens;
+        full_all += full;
+        inc_all += incr;
+        miss_all += miss;
+        if k > 0 {
+            tok_2_8 += tokens;
+            full_2_8 += full;
+            inc_2_8 += incr;
+        }
+        table.push(json!({
+            "turn": k + 1,
+            "mean_tokens": (tokens as f64 / n).round(),
+            "reused_fraction": reused as f64 / tokens.max(1) as f64,
+            "full_ms": ms(full) / n,
+            "incremental_ms": ms(incr) / n,
+            "miss_ms": ms(miss) / n,
+            "speedup": full.as_secs_f64() / incr.as_secs_f64().max(1e-9),
+            "miss_overhead": miss.as_secs_f64() / full.as_secs_f64().max(1e-9) - 1.0,
+            "ids_identical": ok,
+        }));
+    }
+    let secs = |d: Duration| d.as_secs_f64().max(1e-9);
+    let out = json!({
+        "conversations": GROWING_CONVERSATIONS,
+        "turns": GROWING_TURNS,
+        "repeats": GROWING_REPEATS,
+        "full_tokens_per_s": tok_all as f64 / secs(full_all),
+        "incremental_tokens_per_s": tok_all as f64 / secs(inc_all),
+        "incremental_tokens_per_s_turns_2_8": tok_2_8 as f64 / secs(inc_2_8),
+        "speedup_turns_2_8": secs(full_2_8) / secs(inc_2_8),
+        "miss_overhead": secs(miss_all) / secs(full_all) - 1.0,
+        "ids_identical": identical,
+        "seconds": started.elapsed().as_secs_f64(),
+        "per_turn": table,
+    });
+    println!("growing single message (Mooncake-like), min of {GROWING_REPEATS} runs:");
+    println!(
+        "turn  mean_tokens  reused  full_ms  incr_ms  miss_ms  speedup  miss_overhead  identical"
+    );
+    for t in out["per_turn"].as_array().into_iter().flatten() {
+        let f = |k: &str| t[k].as_f64().unwrap_or(0.0);
+        println!(
+            "{:>4}  {:>11}  {:>5.1}%  {:>7.2}  {:>7.2}  {:>7.2}  {:>6.1}x  {:>12.1}%  {}",
+            t["turn"],
+            t["mean_tokens"],
+            f("reused_fraction") * 100.0,
+            f("full_ms"),
+            f("incremental_ms"),
+            f("miss_ms"),
+            f("speedup"),
+            f("miss_overhead") * 100.0,
+            t["ids_identical"],
+        );
+    }
+    println!(
+        "full {:.0} tokens/s, incremental {:.0} tokens/s (turns 2-8: {:.0}, {:.1}x), miss overhead {:.1}%, ids identical: {}",
+        out["full_tokens_per_s"].as_f64().unwrap_or(0.0),
+        out["incremental_tokens_per_s"].as_f64().unwrap_or(0.0),
+        out["incremental_tokens_per_s_turns_2_8"]
+            .as_f64()
+            .unwrap_or(0.0),
+        out["speedup_turns_2_8"].as_f64().unwrap_or(0.0),
+        out["miss_overhead"].as_f64().unwrap_or(0.0) * 100.0,
+        out["ids_identical"],
+    );
+    Ok(out)
 }
 
 fn print_table(r: &Value) {

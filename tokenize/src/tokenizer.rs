@@ -20,6 +20,102 @@ pub struct Tokenizer {
     inner: Arc<tokenizers::Tokenizer>,
     chat: Option<ChatTemplate>,
     cuts: Arc<CutTokens>,
+    text_cuts: Arc<TextCutRule>,
+}
+
+/// Split regexes (HF `Split` pre-tokenizer, `behavior: Isolated`, `invert: false`) for which
+/// [`Tokenizer::is_text_cut`]'s rule is proven exact (see there): every alternative that can
+/// consume an ASCII letter consumes only letters after its first character, and none looks
+/// behind. Sources: Qwen2/2.5/3 `tokenizer.json` (the first, `\p{N}` single digits) and
+/// Llama 3 / OpenAI cl100k (the second, `\p{N}{1,3}`).
+pub const TEXT_CUT_SPLIT_REGEXES: [&str; 2] = [
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+];
+
+/// Bytes of text on each side of a text cut that [`Tokenizer::verify_text_cut`] runs through
+/// the added-token split, normalizer and pre-tokenizer: enough for the letter before the cut
+/// and what follows it; the HF pipeline costs ~0.4 µs per byte, so a check is ~5 µs.
+pub const TEXT_CUT_VERIFY_WINDOW: usize = 8;
+
+/// Whether this tokenizer's pipeline was recognised as one where cuts inside plain text are
+/// exact (see [`Tokenizer::is_text_cut`]); `Err` names what was not recognised.
+#[derive(Debug)]
+struct TextCutRule(Result<(), String>);
+
+impl TextCutRule {
+    /// Classifies the HF pipeline once, at load time. Text cuts are enabled only for:
+    /// - no truncation, no padding, special tokens split out of the text (`encode_special_tokens`
+    ///   false), and every added token with `normalized`, `lstrip`, `rstrip`, `single_word`
+    ///   false (matched on the raw text, so the template-cut straddle check covers them);
+    /// - normalizer absent or NFC (alone or in a `Sequence`): an ASCII character is a
+    ///   normalization boundary (combining class 0, never the second of a composition pair);
+    /// - pre-tokenizer `Sequence[Split(one of TEXT_CUT_SPLIT_REGEXES, Isolated, invert false),
+    ///   ByteLevel(add_prefix_space false, use_regex false)]`, or `ByteLevel(add_prefix_space
+    ///   false, use_regex true)` alone (GPT-2 regex, same proof);
+    /// - model BPE without dropout (ids of a pre-token depend on that pre-token only).
+    ///
+    /// Post-processors are not checked: with `add_special_tokens=false` none of HF's adds ids.
+    fn classify(inner: &tokenizers::Tokenizer) -> Self {
+        Self(Self::check(inner))
+    }
+
+    fn check(inner: &tokenizers::Tokenizer) -> Result<(), String> {
+        if inner.get_truncation().is_some() || inner.get_padding().is_some() {
+            return Err("truncation or padding is set".into());
+        }
+        if inner.get_encode_special_tokens() {
+            return Err("encode_special_tokens is set".into());
+        }
+        for t in inner.get_added_tokens_decoder().values() {
+            if t.normalized || t.lstrip || t.rstrip || t.single_word {
+                return Err(format!("added token {:?} is not plain", t.content));
+            }
+        }
+        let json = |v: Result<serde_json::Value, serde_json::Error>| v.unwrap_or_default();
+        if let Some(n) = inner.get_normalizer() {
+            let n = json(serde_json::to_value(n));
+            let nfc = |v: &serde_json::Value| v["type"] == "NFC";
+            let ok = nfc(&n)
+                || (n["type"] == "Sequence"
+                    && n["normalizers"]
+                        .as_array()
+                        .is_some_and(|a| a.iter().all(nfc)));
+            if !ok {
+                return Err(format!("normalizer {} is not NFC", n["type"]));
+            }
+        }
+        let Some(pre) = inner.get_pre_tokenizer() else {
+            return Err("no pre-tokenizer".into());
+        };
+        let pre = json(serde_json::to_value(pre));
+        let byte_level = |v: &serde_json::Value, regex: bool| {
+            v["type"] == "ByteLevel" && v["add_prefix_space"] == false && v["use_regex"] == regex
+        };
+        let split = |v: &serde_json::Value| {
+            v["type"] == "Split"
+                && v["behavior"] == "Isolated"
+                && v["invert"] == false
+                && v["pattern"]["Regex"]
+                    .as_str()
+                    .is_some_and(|r| TEXT_CUT_SPLIT_REGEXES.contains(&r))
+        };
+        let ok = byte_level(&pre, true)
+            || (pre["type"] == "Sequence"
+                && pre["pretokenizers"]
+                    .as_array()
+                    .is_some_and(|a| a.len() == 2 && split(&a[0]) && byte_level(&a[1], false)));
+        if !ok {
+            return Err(format!(
+                "pre-tokenizer {pre} is not a known byte-level regex split"
+            ));
+        }
+        match inner.get_model() {
+            tokenizers::ModelWrapper::BPE(b) if b.dropout.is_none_or(|d| d == 0.0) => Ok(()),
+            tokenizers::ModelWrapper::BPE(_) => Err("BPE dropout is set".into()),
+            _ => Err("model is not BPE".into()),
+        }
+    }
 }
 
 /// Where a prompt may be cut so that tokenizing the pieces gives the ids of the whole.
@@ -38,6 +134,9 @@ struct CutTokens {
     all: Vec<String>,
     /// Distinct first bytes of `at` (what the scan looks for).
     first_bytes: Vec<u8>,
+    /// Every pair of adjacent bytes inside an added token (`a << 8 | b`), sorted: a token can
+    /// straddle byte `p` only if `(text[p-1], text[p])` is one of them.
+    pairs: Vec<u16>,
 }
 
 impl CutTokens {
@@ -60,10 +159,21 @@ impl CutTokens {
         let mut first_bytes: Vec<u8> = at.iter().map(|t| t.as_bytes()[0]).collect();
         first_bytes.sort_unstable();
         first_bytes.dedup();
+        let mut pairs: Vec<u16> = all
+            .iter()
+            .flat_map(|t| {
+                t.as_bytes()
+                    .windows(2)
+                    .map(|w| u16::from(w[0]) << 8 | u16::from(w[1]))
+            })
+            .collect();
+        pairs.sort_unstable();
+        pairs.dedup();
         Self {
             at,
             all,
             first_bytes,
+            pairs,
         }
     }
 
@@ -71,6 +181,13 @@ impl CutTokens {
     /// ending after it).
     fn no_straddle(&self, text: &str, p: usize) -> bool {
         let bytes = text.as_bytes();
+        if p == 0 || p >= bytes.len() {
+            return true;
+        }
+        let pair = u16::from(bytes[p - 1]) << 8 | u16::from(bytes[p]);
+        if self.pairs.binary_search(&pair).is_err() {
+            return true;
+        }
         self.all.iter().all(|t| {
             let t = t.as_bytes();
             (1..t.len().min(p + 1)).all(|back| {
@@ -170,10 +287,12 @@ impl Tokenizer {
                 .and_then(|c| c["chat_template"].as_str().map(str::to_string))
         });
         let cuts = CutTokens::new(&inner, template_src.as_deref());
+        let text_cuts = TextCutRule::classify(&inner);
         Ok(Self {
             inner: Arc::new(inner),
             chat,
             cuts: Arc::new(cuts),
+            text_cuts: Arc::new(text_cuts),
         })
     }
 
@@ -185,6 +304,7 @@ impl Tokenizer {
             inner: Arc::new((*self.inner).clone()),
             chat: self.chat.clone(),
             cuts: self.cuts.clone(),
+            text_cuts: self.text_cuts.clone(),
         }
     }
 
@@ -216,6 +336,128 @@ impl Tokenizer {
                 .for_each(|p| check(p, &mut out)),
         }
         out
+    }
+
+    /// True when this tokenizer's pipeline allows cuts inside plain text
+    /// ([`Tokenizer::is_text_cut`]); false means only template cuts ([`Tokenizer::cut_points`]).
+    pub fn text_cuts_enabled(&self) -> bool {
+        self.text_cuts.0.is_ok()
+    }
+
+    /// Why text cuts are disabled for this tokenizer (which part of the normalizer,
+    /// pre-tokenizer, model or added tokens was not recognised), or `None` when enabled.
+    pub fn text_cuts_disabled_reason(&self) -> Option<&str> {
+        self.text_cuts.0.as_ref().err().map(String::as_str)
+    }
+
+    /// Byte offsets `p` (ascending, in `1..text.len()`) where the byte rule of a text cut holds:
+    /// `text[p-1]` is an ASCII letter and `text[p]` an ASCII byte that is not a letter (space,
+    /// newline, digit, punctuation, …). A candidate is a cut only if
+    /// [`Tokenizer::is_text_cut`] also holds (no added token across it). Empty when text cuts
+    /// are disabled.
+    pub fn text_cut_candidates<'a>(&self, text: &'a str) -> impl Iterator<Item = usize> + 'a {
+        let bytes = if self.text_cuts_enabled() {
+            text.as_bytes()
+        } else {
+            &[]
+        };
+        // Eight bytes at a time (SWAR, ~0.2 ns/byte): high bit of byte j of `letters` set iff
+        // byte j is an ASCII letter, of `others` iff it is ASCII and not a letter; a candidate
+        // is an `others` byte whose previous byte (carried across words) is a letter.
+        const HI: u64 = 0x8080_8080_8080_8080;
+        const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+        let classify = |x: u64| {
+            let y = (x | 0x2020_2020_2020_2020) & LOW7; // ASCII letters fold to a..z
+            let ge_a = (y + 0x1F1F_1F1F_1F1F_1F1F) & HI; // y >= 0x61
+            let gt_z = (y + 0x0505_0505_0505_0505) & HI; // y >= 0x7B
+            let letters = ge_a & !gt_z & !x & HI;
+            (letters, !letters & !x & HI)
+        };
+        let (mut chunk, mut pending, mut carry) = (0usize, 0u64, 0u64);
+        std::iter::from_fn(move || {
+            loop {
+                if pending != 0 {
+                    let j = pending.trailing_zeros() as usize / 8;
+                    pending &= pending - 1;
+                    return Some((chunk - 1) * 8 + j);
+                }
+                let base = chunk * 8;
+                if base >= bytes.len() {
+                    return None;
+                }
+                let mut word = [0u8; 8];
+                let n = (bytes.len() - base).min(8);
+                word[..n].copy_from_slice(&bytes[base..base + n]);
+                let (letters, others) = classify(u64::from_le_bytes(word));
+                let valid = if n == 8 {
+                    u64::MAX
+                } else {
+                    (1u64 << (8 * n)) - 1
+                };
+                pending = ((letters << 8) | carry) & others & valid;
+                carry = (letters >> 56) & 0x80;
+                chunk += 1;
+            }
+        })
+    }
+
+    /// True when `p` is a cut inside plain text, i.e. `encode(&text[..p]) ++ encode(&text[p..])
+    /// == encode(text)`: text cuts are enabled for this pipeline, `text[p-1]` is an ASCII
+    /// letter, `text[p]` an ASCII non-letter, and no added token occurs across `p`.
+    ///
+    /// Why it is exact (HF pipeline order: added-token split, normalizer, pre-tokenizer, model):
+    /// 1. Added tokens are matched leftmost-longest on the raw text; with none across `p`, the
+    ///    matches of the two pieces are those of the whole, and `p` falls inside one plain span.
+    /// 2. NFC cannot change anything across `p`: `text[p]` is ASCII, a starter that is never the
+    ///    second of a composition pair, so NFC(a ++ b) = NFC(a) ++ NFC(b); both bytes stay put.
+    /// 3. The split regex (one of [`TEXT_CUT_SPLIT_REGEXES`], or the GPT-2 one) has no
+    ///    look-behind or anchor, and the only alternatives that consume the letter `text[p-1]`
+    ///    are `\p{L}+` runs (with at most one leading non-letter) and contractions ending in a
+    ///    letter: greedy, they stop at the non-letter `text[p]` whatever follows (end of text or
+    ///    more), so the whole text has a pre-token boundary at `p`, the pre-tokens before it are
+    ///    those of `text[..p]`, and matching resumes at `p` exactly as on `text[p..]`.
+    /// 4. ByteLevel (without regex) maps bytes one to one, and BPE merges within a pre-token.
+    pub fn is_text_cut(&self, text: &str, p: usize) -> bool {
+        let b = text.as_bytes();
+        self.text_cuts_enabled()
+            && p > 0
+            && p < b.len()
+            && b[p - 1].is_ascii_alphabetic()
+            && b[p] < 0x80
+            && !b[p].is_ascii_alphabetic()
+            && self.cuts.no_straddle(text, p)
+    }
+
+    /// [`Tokenizer::is_text_cut`], plus a check of the running pipeline itself: the
+    /// [`TEXT_CUT_VERIFY_WINDOW`] bytes each side of `p` go through the tokenizer's own
+    /// added-token split, normalizer and pre-tokenizer, and one pre-token must end exactly at
+    /// `p`. Costs a few µs; meant for each cut actually used (a defence in depth against a
+    /// pipeline misclassified by [`Tokenizer::text_cuts_enabled`]).
+    pub fn verify_text_cut(&self, text: &str, p: usize) -> bool {
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizer};
+        if !self.is_text_cut(text, p) {
+            return false;
+        }
+        let mut a = p.saturating_sub(TEXT_CUT_VERIFY_WINDOW);
+        while !text.is_char_boundary(a) {
+            a -= 1;
+        }
+        let mut b = (p + TEXT_CUT_VERIFY_WINDOW).min(text.len());
+        while !text.is_char_boundary(b) {
+            b += 1;
+        }
+        let mut pre = self
+            .inner
+            .get_added_vocabulary()
+            .extract_and_normalize(self.inner.get_normalizer(), &text[a..b]);
+        if let Some(pt) = self.inner.get_pre_tokenizer()
+            && pt.pre_tokenize(&mut pre).is_err()
+        {
+            return false;
+        }
+        pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .iter()
+            .any(|(_, (_, end), _)| *end == p - a)
     }
 
     /// Token ids of `text`, without added special tokens (HF `add_special_tokens=False`);
@@ -288,6 +530,30 @@ impl Tokenizer {
             .as_ref()
             .ok_or(TokenizeError::NoChatTemplate)?
             .render(messages, None, add_generation_prompt)
+    }
+}
+
+impl Tokenizer {
+    /// A copy whose HF pipeline is changed by `edit` (template cuts kept, text-cut rule
+    /// re-classified, or forced on to test the run-time check). Tests only.
+    #[cfg(test)]
+    pub(crate) fn with_pipeline(
+        &self,
+        edit: impl FnOnce(&mut tokenizers::Tokenizer),
+        force_text_cuts: bool,
+    ) -> Self {
+        let mut inner = (*self.inner).clone();
+        edit(&mut inner);
+        let mut text_cuts = TextCutRule::classify(&inner);
+        if force_text_cuts {
+            text_cuts = TextCutRule(Ok(()));
+        }
+        Tokenizer {
+            inner: Arc::new(inner),
+            chat: self.chat.clone(),
+            cuts: self.cuts.clone(),
+            text_cuts: Arc::new(text_cuts),
+        }
     }
 }
 
@@ -370,6 +636,27 @@ mod tests {
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
              <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
         );
+    }
+
+    proptest::proptest! {
+        /// The word-at-a-time scan finds exactly the offsets of the byte rule (random bytes,
+        /// biased to ASCII letters and the punctuation around them, lossy UTF-8).
+        #[test]
+        fn text_cut_candidates_match_the_byte_rule(
+            v in proptest::collection::vec(
+                proptest::prop_oneof![proptest::prelude::any::<u8>(), 0x20u8..0x7F],
+                0..80,
+            )
+        ) {
+            let text = String::from_utf8_lossy(&v).into_owned();
+            let b = text.as_bytes();
+            let want: Vec<usize> = (1..b.len())
+                .filter(|&p| {
+                    b[p - 1].is_ascii_alphabetic() && b[p].is_ascii() && !b[p].is_ascii_alphabetic()
+                })
+                .collect();
+            proptest::prop_assert_eq!(qwen().text_cut_candidates(&text).collect::<Vec<_>>(), want);
+        }
     }
 
     #[test]
