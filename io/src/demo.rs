@@ -260,7 +260,12 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         };
         eprintln!("-- {name}");
         let report = rt.block_on(replay::replay(replay_cfg, &records, &prompts))?;
-        if let Some(ix) = &server.shared().events {
+        let shared = server.shared();
+        notes.push(format!(
+            "{name}: {}",
+            routing_note(&shared.metrics.encode(&shared.workers))
+        ));
+        if let Some(ix) = &shared.events {
             notes.push(events_note(&crate::zmq::lock(ix)));
         }
         server.shutdown();
@@ -279,6 +284,47 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
+}
+
+/// Sum of the samples of `metric` in Prometheus text `text`, by the value of `label`.
+fn sum_by_label(text: &str, metric: &str, label: &str) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = Vec::new();
+    let key = format!("{label}=\"");
+    for line in text.lines().filter(|l| l.starts_with(metric)) {
+        let (Some(i), Some(v)) = (line.find(&key), line.rsplit(' ').next()) else {
+            continue;
+        };
+        let value = &line[i + key.len()..];
+        let value = &value[..value.find('"').unwrap_or(value.len())];
+        let v: f64 = v.parse().unwrap_or(0.0);
+        match out.iter_mut().find(|(k, _)| k == value) {
+            Some(e) => e.1 += v,
+            None => out.push((value.to_string(), v)),
+        }
+    }
+    out
+}
+
+/// One line of a run's routing decisions by reason and, in token mode, the router's
+/// tokenizer reuse, read from the gateway's `/metrics` text.
+fn routing_note(metrics: &str) -> String {
+    let reasons = sum_by_label(metrics, "kvroute_decisions_total", "reason");
+    let mut line = reasons
+        .iter()
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let tok = sum_by_label(metrics, "kvroute_tokenize_tokens_total", "how");
+    let get = |k: &str| tok.iter().find(|(h, _)| h == k).map_or(0.0, |e| e.1);
+    let total = get("reused") + get("encoded");
+    if total > 0.0 {
+        line.push_str(&format!(
+            "; router tokenized {:.0} prompt tokens, {:.1} % reused from its prefix cache",
+            total,
+            100.0 * get("reused") / total
+        ));
+    }
+    line
 }
 
 /// One line of KV-event fault counters summed over every stream.
