@@ -57,22 +57,21 @@
 //! # Matching
 //! A worker whose held blocks are *prefix-closed* (every held block's parent is held — true
 //! unless a removal punched a hole) holds block `i` of a chain only if it holds every block
-//! before it, so "holds block i" is monotone in `i`. For those workers
-//! [`EventIndex::find_matches`] jumps [`JUMP`] blocks at a time and bisects where a worker
-//! drops out: O(len/32 + drops × log 32) probes instead of one per block (Dynamo's positional
-//! jump search, anchors §3.4). A worker with holes (counted exactly by the writer) is scanned
-//! block by block, so a hole always truncates its match. The jump probes' positions are known
-//! up front, so their slots are prefetched [`PREFETCH_JUMPS`] ahead and looked up in batches
-//! of 8 (and a bisection prefetches both possible next midpoints): the probes' cache misses
-//! overlap instead of queueing one after another. A query allocates only its answer (scratch
-//! is per thread).
+//! before it, so "holds block i" is monotone in `i` and its overlap is found by bisection.
+//! [`EventIndex::find_matches`] probes block 0 (who holds anything), then the last block
+//! (whoever holds it holds the whole request: one probe for a fully cached prompt), then
+//! bisects `[0, last)` once for the whole remaining set, splitting it at every probe into the
+//! workers that hold the midpoint and those that do not: O(d · log(len / d) + d) probes for
+//! d distinct overlaps, each probe answering for every worker (one row of the table). Each
+//! bisection step prefetches both possible next midpoints. A worker with holes (counted
+//! exactly by the writer) is scanned block by block instead, so a hole always truncates its
+//! match. A query allocates only its answer (scratch is per thread).
 //!
-//! Where the p99 of `kvroute bench index` comes from: the fixture times the naive baseline
-//! (a 1.6 ms scan of 256 hash sets) on its first 400 of 4,000 queries, and each of those
-//! leaves the caches and TLB cold for the next event query. Those 10 % of queries set the p99
-//! (measured apart: 2.4–2.9 µs median after a naive scan vs 1.1–1.2 µs otherwise; before this
-//! layout 4.5 µs vs 1.2–1.7 µs): real work on cold memory, not timer noise (an empty timed
-//! section measures p99 41 ns).
+//! Measured in `kvroute bench index` (same run, alternating builds; 2-core VM): against
+//! Dynamo's jump search (skip 32 blocks, bisect the last skip; batched and prefetched) the
+//! bisection is at par at 1k tokens and faster from 8k: 8k tokens × 256 workers p50
+//! 1.46–1.51 µs vs 1.74–1.77 µs, p99 2.08–2.12 µs vs 2.35–2.49 µs; 32k × 1024 p50 4.0–4.9 µs
+//! vs 7.2–7.4 µs.
 
 use crate::keys::chain;
 use crate::table::{NO_SLOT, SharedTable, TableRef, TableWriter};
@@ -87,14 +86,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Workers per shard: one 64-bit worker set per block key.
 pub const SHARD_WORKERS: usize = 64;
-
-/// Blocks skipped per probe of the jump search. Source: Dynamo positional index (jump search);
-/// 32 measured best of {8, 16, 32, 64} at 8k tokens in `kvroute bench index`.
-pub const JUMP: usize = 32;
-
-/// Jump probes whose slots are prefetched ahead of the one being read: 16 covers a whole
-/// 8k-token request (512 blocks / 32) at once.
-pub const PREFETCH_JUMPS: usize = 16;
 
 /// Settings of an [`EventIndex`] (one per model).
 #[derive(Clone, Debug, PartialEq)]
@@ -389,10 +380,12 @@ impl WorkerState {
     }
 }
 
-/// Index load cap (entries / positions) before it grows, as a fraction: 7/8.
+/// Index load cap (entries / positions) before it grows, as a fraction: 4/5.
 const INDEX_CAP: (usize, usize) = (4, 5);
-/// Index load after a rebuild: 3/4 (growth steps ×1.17).
-const INDEX_TARGET: (usize, usize) = (13, 20);
+/// Index load after a rebuild: 1/2 (growth steps ×1.6). Measured against 13/20 (×1.23) in
+/// `kvroute bench index`: ingest 9.3–9.7 vs 7.9–8.8 M block-events/s for 47.1 vs 46.7 bytes
+/// per (worker, block).
+const INDEX_TARGET: (usize, usize) = (1, 2);
 
 impl WorkerState {
     /// Robin Hood lookup: stops at an empty position or at an entry closer to its home than
@@ -1002,15 +995,12 @@ impl EventIndex {
         let nw = table.words();
         let guard = epoch::pin();
         let t = table.view(&guard);
-        // The jump probes' slots start loading now, together with the first probe's.
+        // The last block's slot starts loading now, together with the first one's.
         let last = keys.len() - 1;
-        let jumps = last.div_ceil(JUMP);
-        for j in 1..=jumps.min(PREFETCH_JUMPS) {
-            t.prefetch(keys[(j * JUMP).min(last)] ^ mask);
-        }
-        // Scratch: first, active, row, dropped, holey, a batch of jump rows, then 2 word-sets
-        // per bisect level.
-        let need = nw * (5 + JUMP_BATCH + 2 * BISECT_LEVELS);
+        t.prefetch(keys[last] ^ mask);
+        // Scratch: first, active, row, holey, then 2 word-sets per bisection level.
+        let levels = (usize::BITS - keys.len().leading_zeros()) as usize + 1;
+        let need = nw * (4 + 2 * levels);
         if s.words.len() < need {
             s.words.resize(need, 0);
         }
@@ -1024,9 +1014,7 @@ impl EventIndex {
         }
         let (active, rest) = rest.split_at_mut(nw);
         let (row, rest) = rest.split_at_mut(nw);
-        let (dropped, rest) = rest.split_at_mut(nw);
-        let (holey, rest) = rest.split_at_mut(nw);
-        let (batch, scratch) = rest.split_at_mut(nw * JUMP_BATCH);
+        let (holey, scratch) = rest.split_at_mut(nw);
         let probe = Probe { t, keys, mask };
         let mut any_holey = 0;
         for (w, h) in holey.iter_mut().enumerate() {
@@ -1059,49 +1047,29 @@ impl EventIndex {
                 set_depth(&mut depth[w * 64..], a, keys.len() as u32);
             }
         }
-        // Prefix-closed workers: jump and bisect.
+        // Prefix-closed workers: holders of the last block hold it all; the others drop
+        // inside [1, last], found by one bisection of [0, last) for all of them.
         let mut live = 0;
         for w in 0..nw {
             active[w] = first[w] & !holey[w];
             live |= active[w];
         }
-        // Jump probes go in batches of [`JUMP_BATCH`]: the batch's lookups do not depend on
-        // each other, so their cache misses overlap even where a prefetch is dropped.
-        let mut lo = 0usize;
-        let mut j = 0;
-        while live != 0 && lo < last {
-            let nb = (jumps - j).min(JUMP_BATCH);
-            for k in 0..nb {
-                let p = ((j + k + 1) * JUMP).min(last);
-                probe.get(p, &mut batch[k * nw..(k + 1) * nw]);
+        if live != 0 && last > 0 {
+            probe.get(last, row);
+            live = 0;
+            for w in 0..nw {
+                let full = row[w] & active[w];
+                set_depth(&mut depth[w * 64..], full, keys.len() as u32);
+                active[w] &= !full;
+                live |= active[w];
             }
-            for k in 0..nb {
-                if j + k + 1 + PREFETCH_JUMPS <= jumps {
-                    probe.prefetch(((j + k + 1 + PREFETCH_JUMPS) * JUMP).min(last));
-                }
-                let hi = ((j + k + 1) * JUMP).min(last);
-                let row = &batch[k * nw..(k + 1) * nw];
-                let mut any_drop = 0;
-                live = 0;
-                for w in 0..nw {
-                    let h = row[w] & active[w];
-                    dropped[w] = active[w] & !h;
-                    any_drop |= dropped[w];
-                    active[w] = h;
-                    live |= h;
-                }
-                if any_drop != 0 {
-                    bisect(&probe, depth, lo, hi, dropped, scratch);
-                }
-                lo = hi;
-                if live == 0 {
-                    break;
-                }
+            if live != 0 {
+                bisect(&probe, depth, 0, last, active, scratch);
             }
-            j += nb;
-        }
-        for (w, &a) in active.iter().enumerate() {
-            set_depth(&mut depth[w * 64..], a, keys.len() as u32);
+        } else if live != 0 {
+            for (w, &a) in active.iter().enumerate() {
+                set_depth(&mut depth[w * 64..], a, 1);
+            }
         }
         let mut out = Vec::with_capacity(first.iter().map(|w| w.count_ones() as usize).sum());
         for (w, &f) in first.iter().enumerate() {
@@ -1149,12 +1117,6 @@ impl Probe<'_, '_> {
         self.t.prefetch(self.keys[i] ^ self.mask);
     }
 }
-
-/// Jump probes looked up together before their answers are used (see `find_into`).
-const JUMP_BATCH: usize = 8;
-
-/// Levels of [`bisect`] recursion: log2([`JUMP`]) + 1.
-const BISECT_LEVELS: usize = JUMP.trailing_zeros() as usize + 1;
 
 /// Sets `depth[b] = d` for every bit `b` of `set` (`depth` starts at the word's worker 0).
 #[inline]
