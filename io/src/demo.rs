@@ -31,6 +31,9 @@ pub const DEMO_TIME_SCALE: f64 = 4.0;
 
 /// Name of the demo run that routes on engine KV events (issue 5).
 pub const EVENTS_RUN: &str = "cache_aware_events";
+/// Name of the (optional) demo run that routes cache_aware on the token tree: token mode
+/// without events, the control for [`EVENTS_RUN`] (same tokenization work in the router).
+pub const TOKENS_RUN: &str = "cache_aware_tokens";
 
 /// Tokenizer for the events run (token mode): `KVROUTE_TOKENIZER`, else the embedded Qwen3
 /// tokenizer the simulated engines use.
@@ -66,7 +69,8 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = DEMO_TIME_SCALE)]
     pub time_scale: f64,
     /// Policies to compare, in order (comma-separated); `cache_aware_events` is cache_aware
-    /// routing on the engines' KV events (token mode, engines publish, router subscribes).
+    /// routing on the engines' KV events (token mode, engines publish, router subscribes);
+    /// `cache_aware_tokens` is cache_aware on the token tree (token mode, no events).
     #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL.iter().map(|p| p.to_string()).chain([EVENTS_RUN.to_string()]).collect::<Vec<_>>())]
     pub policies: Vec<String>,
     /// Gateway shards [default: the cores this process may use].
@@ -219,7 +223,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut notes = Vec::new();
     for name in &args.policies {
         let on_events = name == EVENTS_RUN;
-        let policy: PolicyKind = if on_events {
+        let on_tokens = on_events || name == TOKENS_RUN;
+        let policy: PolicyKind = if on_tokens {
             PolicyKind::CacheAware
         } else {
             name.parse()
@@ -235,8 +240,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             shards: args.shards,
             ..Config::default()
         };
-        if on_events {
+        if on_tokens {
             cfg.tokenizer = Some(events_tokenizer());
+        }
+        if on_events {
             cfg.workers = engines
                 .iter()
                 .map(|e| {
