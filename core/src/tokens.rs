@@ -1,4 +1,5 @@
-//! Token ids for routing: where they come from, and the per-shard tokenizers that make them.
+//! Token ids for routing: where they come from, and the per-shard tokenizers (over one shared
+//! prefix cache per model) that make them.
 //!
 //! Order (issue 4, as SMG's token tree, anchors.md §2.1):
 //! 1. the body's ids — `input_ids` of `/generate` (first of a batch) or a token-id `prompt` of
@@ -18,9 +19,11 @@
 use crate::CoreError;
 use crate::config::Config;
 use crate::route_key::{Endpoint, RouteKey, TokenSource};
+use kvroute_tokenize::incremental::{PrefixCache, SharedPrefixCache};
 use kvroute_tokenize::{IncrementalTokenizer, TokenizeError, Tokenizer};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// `--tokenizer` value naming the Qwen3 tokenizer embedded in the binary (no file needed).
 pub const BUILTIN_QWEN3: &str = "builtin:qwen3";
@@ -80,12 +83,13 @@ pub fn parse_routing_tokens(value: &[u8]) -> Result<Vec<u32>, HeaderRejection> {
     Ok(ids)
 }
 
-/// The configured tokenizers, loaded once at start-up: `Send + Sync`, shared by all shards.
+/// The configured tokenizers, loaded once at start-up: `Send + Sync`, shared by all shards,
+/// each with one prefix cache of `cache_tokens` ids shared by every shard's copy (so a
+/// conversation's next turn reuses its ids whichever core its connection lands on).
 #[derive(Debug, Clone, Default)]
 pub struct Tokenizers {
-    default: Option<Tokenizer>,
-    by_model: Vec<(String, Tokenizer)>,
-    cache_tokens: usize,
+    default: Option<(Tokenizer, SharedPrefixCache)>,
+    by_model: Vec<(String, Tokenizer, SharedPrefixCache)>,
 }
 
 impl Tokenizers {
@@ -114,24 +118,22 @@ impl Tokenizers {
             .iter()
             .map(|(m, p)| Ok((m.clone(), load(m, p)?)))
             .collect::<Result<_, CoreError>>()?;
-        Ok(Self {
-            default,
-            by_model,
-            cache_tokens: cfg.tokenize_cache_tokens,
-        })
+        Ok(Self::new(default, by_model, cfg.tokenize_cache_tokens))
     }
 
     /// Already-loaded tokenizers: `default` for any model, `by_model` for named ones; each
-    /// shard caches up to `cache_tokens` prefix tokens.
+    /// caches up to `cache_tokens` prefix tokens, shared by all shards.
     pub fn new(
         default: Option<Tokenizer>,
         by_model: Vec<(String, Tokenizer)>,
         cache_tokens: usize,
     ) -> Self {
         Self {
-            default,
-            by_model,
-            cache_tokens,
+            default: default.map(|t| (t, PrefixCache::shared(cache_tokens))),
+            by_model: by_model
+                .into_iter()
+                .map(|(m, t)| (m, t, PrefixCache::shared(cache_tokens)))
+                .collect(),
         }
     }
 
@@ -140,16 +142,18 @@ impl Tokenizers {
         self.default.is_none() && self.by_model.is_empty()
     }
 
-    /// One shard's tokenizers: deep copies (see [`Tokenizer::for_shard`]) with empty prefix
-    /// caches. Call once per shard, on its thread.
+    /// One shard's tokenizers: deep copies (see [`Tokenizer::for_shard`]) over the shared
+    /// prefix caches. Call once per shard, on its thread.
     pub fn for_shard(&self) -> ShardTokenizers {
-        let inc = |t: &Tokenizer| IncrementalTokenizer::new(t.for_shard(), self.cache_tokens);
+        let inc = |t: &Tokenizer, c: &SharedPrefixCache| {
+            IncrementalTokenizer::with_cache(t.for_shard(), Arc::clone(c))
+        };
         ShardTokenizers {
-            default: self.default.as_ref().map(inc),
+            default: self.default.as_ref().map(|(t, c)| inc(t, c)),
             by_model: self
                 .by_model
                 .iter()
-                .map(|(m, t)| (m.clone(), inc(t)))
+                .map(|(m, t, c)| (m.clone(), inc(t, c)))
                 .collect(),
         }
     }

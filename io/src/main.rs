@@ -93,7 +93,7 @@ struct ServeArgs {
     /// Tokenizer of one model, NAME=PATH (repeatable); wins over --tokenizer for that model.
     #[arg(long = "model", value_name = "NAME=PATH")]
     models: Vec<String>,
-    /// Per-shard incremental-tokenization prefix cache, tokens (0 = off).
+    /// Incremental-tokenization prefix cache per model, shared by all shards, tokens (0 = off).
     #[arg(long)]
     tokenize_cache_tokens: Option<usize>,
     /// Largest request body, bytes (413 above).

@@ -46,7 +46,8 @@ pub const CACHE_TTL_SECS: u64 = 180;
 /// Listen address of the simulated engine in `bench`, `HOST:PORT` (the demo's workers take the
 /// following ports: 8101, 8102, ...). Source: seed doc.
 pub const ENGINE_LISTEN: &str = "127.0.0.1:8100";
-/// Per-shard incremental-tokenization prefix cache, tokens held (4 bytes each). Source:
+/// Incremental-tokenization prefix cache of one model, shared by all shards, tokens held
+/// (4 bytes each). Source:
 /// `kvroute_tokenize::incremental::DEFAULT_CACHE_TOKENS` (sized from the WEKA traces).
 pub const TOKENIZE_CACHE_TOKENS: usize = kvroute_tokenize::incremental::DEFAULT_CACHE_TOKENS;
 /// Event index: how often the writer applies `--kv-indexer-ttl-secs` and

@@ -102,7 +102,7 @@ pub struct Config {
     /// `model` is looked up as is, then without a `:adapter` suffix, then falls back to
     /// `tokenizer`.
     pub models: std::collections::BTreeMap<String, std::path::PathBuf>,
-    /// Per-shard prefix cache of incremental tokenization, tokens
+    /// Prefix cache of incremental tokenization, per model (shared by all shards), tokens
     /// ([`defaults::TOKENIZE_CACHE_TOKENS`]; 0 = off).
     pub tokenize_cache_tokens: usize,
     /// Largest request body, bytes ([`defaults::MAX_BODY_BYTES`]).
