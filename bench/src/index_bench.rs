@@ -97,10 +97,13 @@ pub fn run() -> anyhow::Result<Value> {
     // Ingest from the Mooncake trace through simulated engines.
     let ingest = ingest()?;
     rows.push(format!(
-        "ingest: {} block-events in {} events → {:.1} M block-events/s; {} entries, {:.1} bytes per (worker, block)",
+        "ingest: {} block-events in {} events → {:.1} M block-events/s (median of {}; {:.1}–{:.1}); {} entries, {:.1} bytes per (worker, block)",
         ingest["block_events"],
         ingest["events"],
         ingest["ingest_block_events_per_s"].as_f64().unwrap_or(0.0) / 1e6,
+        ingest["runs"],
+        ingest["ingest_block_events_per_s_min"].as_f64().unwrap_or(0.0) / 1e6,
+        ingest["ingest_block_events_per_s_max"].as_f64().unwrap_or(0.0) / 1e6,
         ingest["entries"],
         ingest["bytes_per_worker_block"].as_f64().unwrap_or(0.0)
     ));
@@ -271,6 +274,9 @@ fn record_tokens(r: &TraceRecord) -> Vec<u32> {
     v
 }
 
+/// Replays of the ingest section; the median is reported.
+const INGEST_RUNS: usize = 5;
+
 fn ingest() -> anyhow::Result<Value> {
     const ENGINES: usize = 8;
     const REQUESTS: usize = 1_200;
@@ -312,38 +318,46 @@ fn ingest() -> anyhow::Result<Value> {
             BlockEvent::AllCleared => 1,
         })
         .sum();
-    let (ix, mut writers) = EventIndex::new(&EventIndexConfig {
-        block_size: cfg.block_size,
-        max_workers: ENGINES,
-        ttl_ms: None,
-        max_entries: None,
-    });
-    let w = &mut writers[0];
-    let mut rejected = 0usize;
-    let t = Instant::now();
-    for (worker, ev) in &events {
-        match ev {
-            BlockEvent::Stored {
-                parent,
-                hashes,
-                token_ids,
-            } => {
-                if w.apply_stored(*worker, 0, *parent, hashes, token_ids, 0)
-                    .is_err()
-                {
-                    rejected += 1;
+    // The replay is short (~0.2 s): it runs INGEST_RUNS times into fresh indexes and the
+    // median run is reported (the spread too), so one preempted run does not set the number.
+    let mut runs: Vec<(f64, usize, usize, usize)> = Vec::new(); // (secs, entries, bytes, rejected)
+    for _ in 0..INGEST_RUNS {
+        let (ix, mut writers) = EventIndex::new(&EventIndexConfig {
+            block_size: cfg.block_size,
+            max_workers: ENGINES,
+            ttl_ms: None,
+            max_entries: None,
+        });
+        let w = &mut writers[0];
+        let mut rejected = 0usize;
+        let t = Instant::now();
+        for (worker, ev) in &events {
+            match ev {
+                BlockEvent::Stored {
+                    parent,
+                    hashes,
+                    token_ids,
+                } => {
+                    if w.apply_stored(*worker, 0, *parent, hashes, token_ids, 0)
+                        .is_err()
+                    {
+                        rejected += 1;
+                    }
+                }
+                BlockEvent::Removed { hashes } => {
+                    w.apply_removed(*worker, hashes).expect("own shard");
+                }
+                BlockEvent::AllCleared => {
+                    w.apply_cleared(*worker).expect("own shard");
                 }
             }
-            BlockEvent::Removed { hashes } => {
-                w.apply_removed(*worker, hashes).expect("own shard");
-            }
-            BlockEvent::AllCleared => {
-                w.apply_cleared(*worker).expect("own shard");
-            }
         }
+        let secs = t.elapsed().as_secs_f64();
+        runs.push((secs, ix.entries(), w.memory_bytes(), rejected));
     }
-    let secs = t.elapsed().as_secs_f64();
-    let entries = ix.entries();
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (secs, entries, memory, rejected) = runs[runs.len() / 2];
+    let rate = |s: f64| block_events as f64 / s;
     Ok(json!({
         "requests": records.len(),
         "engines": ENGINES,
@@ -351,11 +365,14 @@ fn ingest() -> anyhow::Result<Value> {
         "events": events.len(),
         "block_events": block_events,
         "rejected_stores": rejected,
+        "runs": INGEST_RUNS,
         "ingest_s": secs,
-        "ingest_block_events_per_s": block_events as f64 / secs,
+        "ingest_block_events_per_s": rate(secs),
+        "ingest_block_events_per_s_min": rate(runs[runs.len() - 1].0),
+        "ingest_block_events_per_s_max": rate(runs[0].0),
         "entries": entries,
-        "memory_bytes": w.memory_bytes(),
-        "bytes_per_worker_block": w.memory_bytes() as f64 / entries.max(1) as f64,
+        "memory_bytes": memory,
+        "bytes_per_worker_block": memory as f64 / entries.max(1) as f64,
     }))
 }
 
