@@ -9,13 +9,13 @@
 //! - `kv-writer` runs the pure [`Consumer`] (ordering, gaps, restarts) and applies to the
 //!   [`EventIndex`] (its mutex guards only the writer side and the counters: the router
 //!   reads the index through a lock-free [`kvroute_core::events::EventReader`]). It stamps
-//!   blocks with its own clock and prunes every
-//!   [`defaults::KV_INDEXER_PRUNE_EVERY_MS`] when a TTL or entry cap is set. When the consumer asks for a replay it sends
+//!   blocks with its own clock and prunes every [`defaults::KV_INDEXER_PRUNE_EVERY_MS`]
+//!   when a TTL or entry cap is set. When the consumer asks for a replay it sends
 //!   `["", start_seq]` on that stream's DEALER and feeds replies until the end marker, each
 //!   read bounded by [`REPLAY_READ_TIMEOUT_MS`]; live messages wait in the channel meanwhile.
 //!
-//! Both threads end once the router that holds the index is gone (the writer holds the only
-//! other reference) — no handle to keep.
+//! Both threads end once the gateway state that holds the writer side is gone (the writer
+//! thread then holds the only reference) — no handle to keep.
 
 use kvroute_core::config::{WorkerSpec, defaults};
 use kvroute_core::events::decode::{self, ReplayFrames};
