@@ -8,8 +8,9 @@
 //! - [`sequence::SeqTracker`]: per (worker, DP rank) seq tracking; gap → replay → buffer drain,
 //!   restart and unrecoverable-gap clears (§2), as a state machine fed by frames.
 //! - [`index::EventIndex`]: what each (worker, rank) really caches, keyed by kvroute's own block
-//!   keys (§7) with engine hashes kept as opaque handles; `find_matches` for routing; per-stream
-//!   counters ([`index::StreamStats`]).
+//!   keys (§7) with engine hashes kept as opaque handles: the writer side of the lock-free
+//!   `kvroute_index::positional` index, with per-stream counters ([`index::StreamStats`]);
+//!   [`index::EventReader`] (one per router) matches requests without a lock.
 //! - [`Consumer`]: ties them together: `on_live` / `on_replay` / `on_replay_end` update an
 //!   [`index::EventIndex`] and return the replay to request, if any.
 //!
