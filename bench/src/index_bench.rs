@@ -18,7 +18,9 @@ use crate::engine::{EngineConfig, EngineCore};
 use crate::trace::{self, MOONCAKE_BLOCK_TOKENS, TraceRecord};
 use hdrhistogram::Histogram;
 use kvroute_index::keys::block_keys;
-use kvroute_index::reference::{NaiveWorkerSets, conversation_corpus, synthetic_words};
+use kvroute_index::reference::{
+    NaiveWorkerSets, conversation_corpus, synthetic_words, token_conversations, token_stream,
+};
 use kvroute_index::{EventIndex, EventIndexConfig, StringTree, TokenTree};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -177,21 +179,8 @@ fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 10_000_000_000, 3).expect("valid histogram bounds")
 }
 
-/// Deterministic token ids: `n` tokens of stream `seed`.
-fn stream(seed: u64, n: usize) -> Vec<u32> {
-    let mut r = StdRng::seed_from_u64(seed);
-    (0..n).map(|_| r.random_range(0..150_000)).collect()
-}
-
 fn event_grid_point(tokens: usize, workers: usize, baseline: bool) -> Value {
-    let system = stream(1, 1024.min(tokens / 2));
-    let convs: Vec<Vec<u32>> = (0..64u64)
-        .map(|c| {
-            let mut v = system.clone();
-            v.extend(stream(100 + c, tokens - system.len()));
-            v
-        })
-        .collect();
+    let convs = token_conversations(64, tokens);
     let keys: Vec<Vec<u64>> = convs.iter().map(|c| block_keys(c, BS)).collect();
     let (ix, mut writers) = EventIndex::new(&EventIndexConfig {
         block_size: BS,
@@ -269,7 +258,7 @@ fn record_tokens(r: &TraceRecord) -> Vec<u32> {
     let mut v = Vec::with_capacity(r.input_length as usize);
     for (i, &h) in r.hash_ids.iter().enumerate() {
         let n = r.block_len(i, MOONCAKE_BLOCK_TOKENS) as usize;
-        v.extend(stream(1_000_000 + h, n));
+        v.extend(token_stream(1_000_000 + h, n));
     }
     v
 }

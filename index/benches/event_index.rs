@@ -24,10 +24,8 @@
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kvroute_index::keys::block_keys;
-use kvroute_index::reference::NaiveWorkerSets;
+use kvroute_index::reference::{NaiveWorkerSets, token_conversations, token_system_len};
 use kvroute_index::{EventIndex, EventIndexConfig, EventWriter};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -36,12 +34,6 @@ const BS: usize = 16;
 const CONVERSATIONS: usize = 64;
 /// Largest worker count at which the naive scan is run.
 const NAIVE_MAX_WORKERS: usize = 256;
-
-/// Deterministic token ids: `n` tokens of stream `seed` (as `bench/src/index_bench.rs`).
-fn stream(seed: u64, n: usize) -> Vec<u32> {
-    let mut r = StdRng::seed_from_u64(seed);
-    (0..n).map(|_| r.random_range(0..150_000)).collect()
-}
 
 struct Fixture {
     ix: EventIndex,
@@ -54,14 +46,7 @@ struct Fixture {
 }
 
 fn fixture(tokens: usize, workers: usize) -> Fixture {
-    let system = stream(1, 1024.min(tokens / 2));
-    let convs: Vec<Vec<u32>> = (0..CONVERSATIONS as u64)
-        .map(|c| {
-            let mut v = system.clone();
-            v.extend(stream(100 + c, tokens - system.len()));
-            v
-        })
-        .collect();
+    let convs = token_conversations(CONVERSATIONS, tokens);
     let keys: Vec<Vec<u64>> = convs.iter().map(|c| block_keys(c, BS)).collect();
     let (ix, mut writers) = EventIndex::new(&EventIndexConfig {
         block_size: BS,
@@ -87,7 +72,7 @@ fn fixture(tokens: usize, workers: usize) -> Fixture {
         writers,
         naive,
         keys,
-        system_blocks: (system.len() / BS) as u32,
+        system_blocks: (token_system_len(tokens) / BS) as u32,
     }
 }
 

@@ -19,9 +19,8 @@
 //! Run: `cargo bench -p kvroute-index --bench token_tree`.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use kvroute_index::reference::{token_conversations, token_stream};
 use kvroute_index::{MAX_MATCH_TENANTS, TenantId, TokenTree};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -30,12 +29,6 @@ use std::time::{Duration, Instant};
 const BS: usize = 16;
 const CONVERSATIONS: usize = 64;
 const WORKERS: usize = 256;
-
-/// Deterministic token ids: `n` tokens of stream `seed` (as `bench/src/index_bench.rs`).
-fn stream(seed: u64, n: usize) -> Vec<u32> {
-    let mut r = StdRng::seed_from_u64(seed);
-    (0..n).map(|_| r.random_range(0..150_000)).collect()
-}
 
 /// Node of [`BTreeTrie`]: children by next token; tenants only at page boundaries.
 #[derive(Default)]
@@ -97,14 +90,7 @@ struct Fixture {
 }
 
 fn fixture(tokens: usize) -> Fixture {
-    let system = stream(1, 1024.min(tokens / 2));
-    let convs: Vec<Vec<u32>> = (0..CONVERSATIONS as u64)
-        .map(|c| {
-            let mut v = system.clone();
-            v.extend(stream(100 + c, tokens - system.len()));
-            v
-        })
-        .collect();
+    let convs = token_conversations(CONVERSATIONS, tokens);
     let mut tree = TokenTree::new(BS, usize::MAX);
     let mut trie = BTreeTrie::new();
     for w in 0..WORKERS {
@@ -117,7 +103,7 @@ fn fixture(tokens: usize) -> Fixture {
         .enumerate()
         .map(|(c, v)| {
             let mut q = v.clone();
-            q.extend(stream(10_000 + c as u64, 64));
+            q.extend(token_stream(10_000 + c as u64, 64));
             q
         })
         .collect();

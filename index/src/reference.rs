@@ -174,16 +174,49 @@ const CORPUS_WORDS: &[&str] = &[
     "prefill", "decode", "latency", "request", "batch",
 ];
 
+/// SplitMix64: advances `*state` and returns the next value (the benches' only RNG, so the
+/// index crate needs no `rand` dependency).
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Deterministic token ids for benches: `n` ids in `0..150_000` (a Qwen-sized vocabulary)
+/// drawn by SplitMix64 from `seed`; equal seeds give equal streams.
+pub fn token_stream(seed: u64, n: usize) -> Vec<u32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| (splitmix(&mut state) % 150_000) as u32)
+        .collect()
+}
+
+/// Tokens of the shared system prompt of [`token_conversations`] of `tokens` ids:
+/// min(1,024, tokens / 2).
+pub fn token_system_len(tokens: usize) -> usize {
+    1024.min(tokens / 2)
+}
+
+/// `conversations` token sequences of `tokens` ids each, the event-index and token-tree
+/// benches' fixture (criterion and `kvroute bench index`): a shared system prompt of
+/// [`token_system_len`] ids (stream 1), then ids of conversation `c`'s own (stream 100 + c).
+pub fn token_conversations(conversations: usize, tokens: usize) -> Vec<Vec<u32>> {
+    let system = token_stream(1, token_system_len(tokens));
+    (0..conversations as u64)
+        .map(|c| {
+            let mut v = system.clone();
+            v.extend(token_stream(100 + c, tokens - system.len()));
+            v
+        })
+        .collect()
+}
+
 /// Deterministic text of exactly `chars` chars: words from a fixed list drawn by SplitMix64
 /// from `*state` (advanced), separated by spaces. For benches (no `rand` dependency).
 pub fn synthetic_words(state: &mut u64, chars: usize) -> String {
-    let mut next = || {
-        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = *state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    let mut next = || splitmix(state);
     let mut s = String::new();
     let mut n = 0;
     while n < chars {
