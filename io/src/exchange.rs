@@ -342,6 +342,16 @@ async fn proxy(
     shared
         .metrics
         .on_decision(shared.policy_name, decision.reason.as_str());
+    tracing::debug!(
+        target: "kvroute::decision",
+        policy = shared.policy_name,
+        worker = decision.worker,
+        reason = ?decision.reason,
+        prompt_chars = key.text.len(),
+        prompt_tokens = key.input_ids.as_ref().map_or(0, |v| v.len()),
+        ?loads,
+        "routed"
+    );
     // Counted before the request leaves (B1); released exactly once when `guard` drops: at the
     // end of the relay, on an upstream error, or when the client leaves (any early return).
     let guard = shared.workers.acquire(decision.worker);
