@@ -87,14 +87,83 @@ fn content(words: &WordIds, ns: u32, id: u64, n: usize) -> String {
     out
 }
 
-/// One measured turn.
+/// One measured turn of one conversation (times: one run, or the minimum over repeats).
+#[derive(Default)]
 struct Turn {
     tokens: usize,
+    reused: usize,
+    /// Rendering the chat template (WEKA section; zero in the growing section).
     render: Duration,
     full: Duration,
     incremental: Duration,
-    reused: usize,
+    /// A cold incremental encode, nothing cached (growing section; zero in the WEKA one).
+    miss: Duration,
     identical: bool,
+}
+
+/// Sums over the conversations of one turn number (1-based `turn`, `n` conversations).
+struct TurnSums {
+    turn: usize,
+    n: f64,
+    sum: Turn,
+}
+
+impl TurnSums {
+    fn mean_tokens(&self) -> f64 {
+        (self.sum.tokens as f64 / self.n).round()
+    }
+    fn reused_fraction(&self) -> f64 {
+        self.sum.reused as f64 / self.sum.tokens.max(1) as f64
+    }
+    /// Mean of `d` per conversation, ms.
+    fn mean_ms(&self, d: Duration) -> f64 {
+        d.as_secs_f64() * 1e3 / self.n
+    }
+}
+
+impl Turn {
+    /// The sum of `turns` (identical when all are).
+    fn sum<'a>(turns: impl IntoIterator<Item = &'a Turn>) -> Turn {
+        turns.into_iter().fold(
+            Turn {
+                identical: true,
+                ..Turn::default()
+            },
+            |a, t| Turn {
+                tokens: a.tokens + t.tokens,
+                reused: a.reused + t.reused,
+                render: a.render + t.render,
+                full: a.full + t.full,
+                incremental: a.incremental + t.incremental,
+                miss: a.miss + t.miss,
+                identical: a.identical && t.identical,
+            },
+        )
+    }
+}
+
+/// Per turn number: the sums of its non-empty row of turns.
+fn turn_sums(per_turn: &[Vec<Turn>]) -> Vec<TurnSums> {
+    per_turn
+        .iter()
+        .enumerate()
+        .filter(|(_, row)| !row.is_empty())
+        .map(|(k, row)| TurnSums {
+            turn: k + 1,
+            n: row.len() as f64,
+            sum: Turn::sum(row),
+        })
+        .collect()
+}
+
+/// The sum of the turns numbered above `from`.
+fn total_after(sums: &[TurnSums], from: usize) -> Turn {
+    Turn::sum(sums.iter().filter(|s| s.turn > from).map(|s| &s.sum))
+}
+
+/// `a / b` for durations (b floored at 1 ns).
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64().max(1e-9)
 }
 
 /// Runs the benchmark and returns its JSON report.
@@ -147,10 +216,11 @@ pub fn run() -> anyhow::Result<Value> {
             let t3 = Instant::now();
             per_turn[k].push(Turn {
                 tokens: full.len(),
+                reused: got.reused_tokens,
                 render: t1 - t0,
                 full: t2 - t1,
                 incremental: t3 - t2,
-                reused: got.reused_tokens,
+                miss: Duration::ZERO,
                 identical: got.ids == full,
             });
             let reply = scaled(&req["out"]).max(8);
@@ -158,43 +228,29 @@ pub fn run() -> anyhow::Result<Value> {
             len += reply;
         }
     }
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let mut table = Vec::new();
-    let (mut all_tokens, mut all_full, mut all_inc) = (0usize, Duration::ZERO, Duration::ZERO);
-    let mut identical = true;
-    let mut turn10 = None;
-    for (k, turns) in per_turn.iter().enumerate() {
-        if turns.is_empty() {
-            continue;
-        }
-        let n = turns.len() as f64;
-        let tokens: usize = turns.iter().map(|t| t.tokens).sum();
-        let reused: usize = turns.iter().map(|t| t.reused).sum();
-        let full: Duration = turns.iter().map(|t| t.full).sum();
-        let incr: Duration = turns.iter().map(|t| t.incremental).sum();
-        let render: Duration = turns.iter().map(|t| t.render).sum();
-        let ok = turns.iter().all(|t| t.identical);
-        identical &= ok;
-        all_tokens += tokens;
-        all_full += full;
-        all_inc += incr;
-        let speedup = full.as_secs_f64() / incr.as_secs_f64().max(1e-9);
-        let with_render = (full + render).as_secs_f64() / (incr + render).as_secs_f64().max(1e-9);
-        if k == 9 {
-            turn10 = Some(speedup);
-        }
-        table.push(json!({
-            "turn": k + 1,
-            "mean_tokens": (tokens as f64 / n).round(),
-            "reused_fraction": reused as f64 / tokens.max(1) as f64,
-            "full_ms": ms(full) / n,
-            "incremental_ms": ms(incr) / n,
-            "render_ms": ms(render) / n,
-            "speedup": speedup,
-            "speedup_with_render": with_render,
-            "ids_identical": ok,
-        }));
-    }
+    let sums = turn_sums(&per_turn);
+    let table: Vec<Value> = sums
+        .iter()
+        .map(|s| {
+            let t = &s.sum;
+            json!({
+                "turn": s.turn,
+                "mean_tokens": s.mean_tokens(),
+                "reused_fraction": s.reused_fraction(),
+                "full_ms": s.mean_ms(t.full),
+                "incremental_ms": s.mean_ms(t.incremental),
+                "render_ms": s.mean_ms(t.render),
+                "speedup": ratio(t.full, t.incremental),
+                "speedup_with_render": ratio(t.full + t.render, t.incremental + t.render),
+                "ids_identical": t.identical,
+            })
+        })
+        .collect();
+    let all = total_after(&sums, 0);
+    let turn10 = sums
+        .iter()
+        .find(|s| s.turn == 10)
+        .map(|s| ratio(s.sum.full, s.sum.incremental));
     let growing = growing(&tok, &words)?;
     let report = json!({
         "growing": growing,
@@ -203,26 +259,16 @@ pub fn run() -> anyhow::Result<Value> {
         "traces": used,
         "scale": SCALE,
         "turns": TURNS,
-        "full_tokens_per_s": all_tokens as f64 / all_full.as_secs_f64().max(1e-9),
-        "incremental_tokens_per_s": all_tokens as f64 / all_inc.as_secs_f64().max(1e-9),
+        "full_tokens_per_s": all.tokens as f64 / all.full.as_secs_f64().max(1e-9),
+        "incremental_tokens_per_s": all.tokens as f64 / all.incremental.as_secs_f64().max(1e-9),
         "incremental_speedup_turn10": turn10,
-        "incremental_speedup_all_turns": all_full.as_secs_f64() / all_inc.as_secs_f64().max(1e-9),
-        "ids_identical": identical,
+        "incremental_speedup_all_turns": ratio(all.full, all.incremental),
+        "ids_identical": all.identical,
         "seconds": started.elapsed().as_secs_f64(),
         "per_turn": table,
     });
     print_table(&report);
     Ok(report)
-}
-
-/// One measured turn of one growing conversation (minimum times over the repeats).
-struct Grown {
-    tokens: usize,
-    reused: usize,
-    full: Duration,
-    incr: Duration,
-    miss: Duration,
-    ok: bool,
 }
 
 /// The growing single-message part (see the module doc): per turn, full vs incremental vs
@@ -232,7 +278,7 @@ struct Grown {
 /// The chat template fails to render, or the tokenizer fails.
 pub fn growing(tok: &Tokenizer, words: &WordIds) -> anyhow::Result<Value> {
     let started = Instant::now();
-    let mut rows: Vec<Vec<Grown>> = (0..GROWING_TURNS).map(|_| Vec::new()).collect();
+    let mut rows: Vec<Vec<Turn>> = (0..GROWING_TURNS).map(|_| Vec::new()).collect();
     for c in 0..GROWING_CONVERSATIONS {
         let ns = 1000 + c as u32;
         // The whole conversation text: blocks of 512 words (" w1 w2 …"), as replayed; a turn
@@ -268,64 +314,48 @@ pub fn growing(tok: &Tokenizer, words: &WordIds) -> anyhow::Result<Value> {
                 ok &= got.ids == want && cold.ids == want && cold.reused_tokens == 0;
                 (reused, tokens) = (got.reused_tokens, want.len());
             }
-            row.push(Grown {
+            row.push(Turn {
                 tokens,
                 reused,
+                render: Duration::ZERO,
                 full,
-                incr,
+                incremental: incr,
                 miss,
-                ok,
+                identical: ok,
             });
             n += 500 + (rng.next_u64() % 1501) as usize;
         }
     }
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let mut table = Vec::new();
-    let (mut tok_all, mut full_all, mut inc_all, mut miss_all) =
-        (0usize, Duration::ZERO, Duration::ZERO, Duration::ZERO);
-    let (mut tok_2_8, mut full_2_8, mut inc_2_8) = (0usize, Duration::ZERO, Duration::ZERO);
-    let mut identical = true;
-    for (k, row) in rows.iter().enumerate() {
-        let n = row.len() as f64;
-        let tokens: usize = row.iter().map(|r| r.tokens).sum();
-        let reused: usize = row.iter().map(|r| r.reused).sum();
-        let full: Duration = row.iter().map(|r| r.full).sum();
-        let incr: Duration = row.iter().map(|r| r.incr).sum();
-        let miss: Duration = row.iter().map(|r| r.miss).sum();
-        let ok = row.iter().all(|r| r.ok);
-        identical &= ok;
-        tok_all += tokens;
-        full_all += full;
-        inc_all += incr;
-        miss_all += miss;
-        if k > 0 {
-            tok_2_8 += tokens;
-            full_2_8 += full;
-            inc_2_8 += incr;
-        }
-        table.push(json!({
-            "turn": k + 1,
-            "mean_tokens": (tokens as f64 / n).round(),
-            "reused_fraction": reused as f64 / tokens.max(1) as f64,
-            "full_ms": ms(full) / n,
-            "incremental_ms": ms(incr) / n,
-            "miss_ms": ms(miss) / n,
-            "speedup": full.as_secs_f64() / incr.as_secs_f64().max(1e-9),
-            "miss_overhead": miss.as_secs_f64() / full.as_secs_f64().max(1e-9) - 1.0,
-            "ids_identical": ok,
-        }));
-    }
+    let sums = turn_sums(&rows);
+    let table: Vec<Value> = sums
+        .iter()
+        .map(|s| {
+            let t = &s.sum;
+            json!({
+                "turn": s.turn,
+                "mean_tokens": s.mean_tokens(),
+                "reused_fraction": s.reused_fraction(),
+                "full_ms": s.mean_ms(t.full),
+                "incremental_ms": s.mean_ms(t.incremental),
+                "miss_ms": s.mean_ms(t.miss),
+                "speedup": ratio(t.full, t.incremental),
+                "miss_overhead": ratio(t.miss, t.full) - 1.0,
+                "ids_identical": t.identical,
+            })
+        })
+        .collect();
+    let (all, later) = (total_after(&sums, 0), total_after(&sums, 1));
     let secs = |d: Duration| d.as_secs_f64().max(1e-9);
     let out = json!({
         "conversations": GROWING_CONVERSATIONS,
         "turns": GROWING_TURNS,
         "repeats": GROWING_REPEATS,
-        "full_tokens_per_s": tok_all as f64 / secs(full_all),
-        "incremental_tokens_per_s": tok_all as f64 / secs(inc_all),
-        "incremental_tokens_per_s_turns_2_8": tok_2_8 as f64 / secs(inc_2_8),
-        "speedup_turns_2_8": secs(full_2_8) / secs(inc_2_8),
-        "miss_overhead": secs(miss_all) / secs(full_all) - 1.0,
-        "ids_identical": identical,
+        "full_tokens_per_s": all.tokens as f64 / secs(all.full),
+        "incremental_tokens_per_s": all.tokens as f64 / secs(all.incremental),
+        "incremental_tokens_per_s_turns_2_8": later.tokens as f64 / secs(later.incremental),
+        "speedup_turns_2_8": ratio(later.full, later.incremental),
+        "miss_overhead": ratio(all.miss, all.full) - 1.0,
+        "ids_identical": all.identical,
         "seconds": started.elapsed().as_secs_f64(),
         "per_turn": table,
     });

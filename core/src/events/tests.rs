@@ -61,6 +61,11 @@ fn batch(events: Vec<V>, rank: u32) -> Vec<u8> {
     out
 }
 
+/// Encodes `events` as one batch of DP rank `rank`, decodes it and applies it to `stream`.
+fn apply(ix: &mut EventIndex, stream: StreamId, events: Vec<V>, rank: u32) {
+    ix.apply_batch(stream, &decode::decode_batch(&batch(events, rank)).unwrap());
+}
+
 fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
     range.collect()
 }
@@ -86,10 +91,7 @@ fn block_key_vectors_of_kv_events_section_7() {
 fn b30_multi_block_store_chains_each_block() {
     let mut ix = EventIndex::new(16);
     let t = toks(0..64);
-    ix.apply_batch(
-        RANK0,
-        &decode::decode_batch(&batch(vec![store(&[1, 2, 3, 4], None, &t, 16)], 0)).unwrap(),
-    );
+    apply(&mut ix, RANK0, vec![store(&[1, 2, 3, 4], None, &t, 16)], 0);
     let keys = chain_keys(None, &t, 16);
     let m = ix.find_matches(&keys);
     assert_eq!(m.len(), 1);
@@ -144,33 +146,21 @@ fn b31_b32_block_size_recut_and_mismatch() {
         let mut ix = EventIndex::new(16);
         let n = 128 / ebs;
         let hashes: Vec<u64> = (1..=n).collect();
-        ix.apply_batch(
-            RANK0,
-            &decode::decode_batch(&batch(vec![store(&hashes, None, &t, ebs)], 0)).unwrap(),
-        );
+        apply(&mut ix, RANK0, vec![store(&hashes, None, &t, ebs)], 0);
         assert_eq!(ix.find_matches(&keys)[0].blocks, 8, "engine block {ebs}");
         assert_eq!(ix.stats_mut(RANK0).learned_block_size, Some(ebs as usize));
     }
     let mut ix = EventIndex::new(16);
-    ix.apply_batch(
-        RANK0,
-        &decode::decode_batch(&batch(vec![store(&[1, 2], None, &t[..48], 24)], 0)).unwrap(),
-    );
+    apply(&mut ix, RANK0, vec![store(&[1, 2], None, &t[..48], 24)], 0);
     assert!(ix.is_empty());
     assert_eq!(ix.stats_mut(RANK0).size_mismatches, 1);
     // Declared 64, real 16 per block: indexed at 16, the declaration counted.
     let mut ix = EventIndex::new(16);
-    ix.apply_batch(
-        RANK0,
-        &decode::decode_batch(&batch(vec![store(&[1, 2], None, &t[..32], 64)], 0)).unwrap(),
-    );
+    apply(&mut ix, RANK0, vec![store(&[1, 2], None, &t[..32], 64)], 0);
     assert_eq!(ix.find_matches(&keys)[0].blocks, 2);
     assert_eq!(ix.stats_mut(RANK0).declared_size_mismatches, 1);
     // §8.10: 33 tokens for 2 hashes → skipped, counted.
-    ix.apply_batch(
-        RANK0,
-        &decode::decode_batch(&batch(vec![store(&[5, 6], None, &t[..33], 16)], 0)).unwrap(),
-    );
+    apply(&mut ix, RANK0, vec![store(&[5, 6], None, &t[..33], 16)], 0);
     assert_eq!(ix.stats_mut(RANK0).length_mismatches, 1);
     ix.check_invariants().unwrap();
 }
@@ -183,16 +173,14 @@ fn b25_b29_offload_tiers() {
     let mut ix = EventIndex::new(16);
     let t = toks(0..256);
     let keys = chain_keys(None, &t, 16);
-    ix.apply_batch(
+    apply(
+        &mut ix,
         RANK0,
-        &decode::decode_batch(&batch(
-            vec![
-                store(&[1], None, &t[..16], 16),
-                store_medium(&[1, 9], &[], 0, "CPU"),
-            ],
-            0,
-        ))
-        .unwrap(),
+        vec![
+            store(&[1], None, &t[..16], 16),
+            store_medium(&[1, 9], &[], 0, "CPU"),
+        ],
+        0,
     );
     assert_eq!(ix.stats_mut(RANK0).unknown_offloads, 1);
     assert_eq!(ix.engine_hashes(RANK0, Tier::Host), vec![1]);
@@ -217,9 +205,11 @@ fn b25_b29_offload_tiers() {
     assert!(ix.find_matches(&keys).is_empty());
 
     let other = StreamId { worker: 1, rank: 0 };
-    ix.apply_batch(
+    apply(
+        &mut ix,
         other,
-        &decode::decode_batch(&batch(vec![store_medium(&[500], &t, 256, "STORAGE")], 0)).unwrap(),
+        vec![store_medium(&[500], &t, 256, "STORAGE")],
+        0,
     );
     let m: Vec<_> = ix
         .find_matches(&keys)
@@ -259,10 +249,7 @@ fn b24_b28_clear_one_rank_only() {
     ix.stored(RANK0, &decoded_store(&[1], &a));
     ix.stored(r1, &decoded_store(&[2], &b));
     assert_eq!(ix.find_matches(&chain_keys(None, &b, 16))[0].stream, r1);
-    ix.apply_batch(
-        r1,
-        &decode::decode_batch(&batch(vec![cleared()], 1)).unwrap(),
-    );
+    apply(&mut ix, r1, vec![cleared()], 1);
     assert!(ix.find_matches(&chain_keys(None, &b, 16)).is_empty());
     assert_eq!(ix.find_matches(&chain_keys(None, &a, 16))[0].stream, RANK0);
     ix.remove_worker(0);
@@ -531,9 +518,11 @@ fn unannounced_prefix_follows_the_routers_recent_decision_until_events_arrive() 
     router.set_event_index(events.reader());
     // The event index holds something else, so it is consulted.
     let other = toks(5_000..5_064);
-    events.apply_batch(
+    apply(
+        &mut events,
         StreamId { worker: 2, rank: 0 },
-        &decode::decode_batch(&batch(vec![store(&[7, 8, 9, 10], None, &other, 16)], 0)).unwrap(),
+        vec![store(&[7, 8, 9, 10], None, &other, 16)],
+        0,
     );
     let key = RouteKey {
         model: "m".into(),
@@ -554,9 +543,11 @@ fn unannounced_prefix_follows_the_routers_recent_decision_until_events_arrive() 
     // Engine 3 announces the whole prompt: the event index decides, whatever the tree says.
     let t = toks(0..128);
     let hashes: Vec<u64> = (100..108).collect();
-    events.apply_batch(
+    apply(
+        &mut events,
         StreamId { worker: 3, rank: 0 },
-        &decode::decode_batch(&batch(vec![store(&hashes, None, &t, 16)], 0)).unwrap(),
+        vec![store(&hashes, None, &t, 16)],
+        0,
     );
     let d = router.decide(&key, &loads);
     assert_eq!(d.worker, 3, "{d:?}");
