@@ -274,6 +274,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         ));
         if let Some(ix) = &shared.events {
             notes.push(events_note(&crate::zmq::lock(ix)));
+            notes.push(rt.block_on(drift_note(ix, &urls))?);
         }
         server.shutdown();
         reports.push((name.clone(), report));
@@ -367,12 +368,56 @@ fn events_note(ix: &kvroute_core::events::EventIndex) -> String {
     )
 }
 
+/// How long the drift check waits for the last events to arrive before it counts.
+const DRIFT_SETTLE: Duration = Duration::from_secs(5);
+
+/// One line comparing the router's event index with every engine's real GPU block set once
+/// the run is over: blocks the index lists that the engine does not hold (phantom) and the
+/// reverse (missed), after waiting up to [`DRIFT_SETTLE`] for them to agree (the last batches
+/// may still be in flight). Engine `w` of `urls` is worker `w`, DP rank 0.
+async fn drift_note(ix: &crate::zmq::SharedEvents, urls: &[String]) -> anyhow::Result<String> {
+    use kvroute_core::events::{StreamId, Tier};
+    use std::collections::HashSet;
+    let deadline = Instant::now() + DRIFT_SETTLE;
+    loop {
+        let (mut phantom, mut missed, mut cached) = (0, 0, 0);
+        for (w, url) in urls.iter().enumerate() {
+            let (status, body) = http(url, "GET", "/debug/cached_blocks").await?;
+            anyhow::ensure!(status == 200, "{url}/debug/cached_blocks: status {status}");
+            let truth: HashSet<u64> = serde_json::from_slice::<Vec<u64>>(&body)
+                .with_context(|| format!("{url}/debug/cached_blocks"))?
+                .into_iter()
+                .collect();
+            let got: HashSet<u64> = crate::zmq::lock(ix)
+                .engine_hashes(
+                    StreamId {
+                        worker: w as u32,
+                        rank: 0,
+                    },
+                    Tier::Device,
+                )
+                .into_iter()
+                .collect();
+            phantom += got.difference(&truth).count();
+            missed += truth.difference(&got).count();
+            cached += truth.len();
+        }
+        if phantom + missed == 0 || Instant::now() > deadline {
+            return Ok(format!(
+                "{EVENTS_RUN}: router index vs engines after the run: phantom {phantom}, \
+                 missed {missed} of {cached} cached blocks"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Empties an engine's prefix cache (`POST /reset_prefix_cache`), waiting up to 10 s for it to
 /// go idle first (vLLM refuses a reset while requests hold blocks).
 async fn reset_engine(url: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let status = post_empty(url, "/reset_prefix_cache").await?;
+        let (status, _) = http(url, "POST", "/reset_prefix_cache").await?;
         if status == 200 || Instant::now() > deadline {
             return Ok(());
         }
@@ -380,19 +425,25 @@ async fn reset_engine(url: &str) -> anyhow::Result<()> {
     }
 }
 
-async fn post_empty(url: &str, path: &str) -> anyhow::Result<u16> {
+/// One bodiless `method` request to a simulated engine (`connection: close`): its status and
+/// body (the engine answers with a content-length, never chunked).
+async fn http(url: &str, method: &str, path: &str) -> anyhow::Result<(u16, Vec<u8>)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let authority = url.trim_start_matches("http://");
     let mut s = tokio::net::TcpStream::connect(authority).await?;
     let req = format!(
-        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
     );
     s.write_all(req.as_bytes()).await?;
     let mut resp = Vec::new();
     s.read_to_end(&mut resp).await?;
+    let head_end = memchr::memmem::find(&resp, b"\r\n\r\n")
+        .with_context(|| format!("bad response from {url}{path}"))?;
     let line = String::from_utf8_lossy(&resp[..resp.len().min(16)]).to_string();
-    line.split(' ')
+    let status = line
+        .split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .with_context(|| format!("bad response from {url}{path}"))
+        .with_context(|| format!("bad response from {url}{path}"))?;
+    Ok((status, resp.split_off(head_end + 4)))
 }

@@ -264,6 +264,8 @@ fn run_replay(
         start,
         "KV event gap: replaying"
     );
+    let started = std::time::Instant::now();
+    let mut replayed = 0usize;
     if let Some(d) = dealer {
         // Replies left over from an earlier, timed-out replay are stale.
         while d.recv_multipart(::zmq::DONTWAIT).is_ok() {}
@@ -280,6 +282,7 @@ fn run_replay(
                     Ok(ReplayFrames::Batch { seq, payload }) => {
                         let mut ix = lock(index);
                         consumer.handle(&mut ix, stream, Input::Replay { seq, payload });
+                        replayed += 1;
                     }
                     Ok(ReplayFrames::End) => break,
                     Err(e) => {
@@ -293,4 +296,11 @@ fn run_replay(
     }
     let mut ix = lock(index);
     consumer.handle(&mut ix, stream, Input::ReplayEnd);
+    tracing::info!(
+        worker = stream.worker,
+        rank = stream.rank,
+        batches = replayed,
+        ms = started.elapsed().as_millis() as u64,
+        "KV event replay done"
+    );
 }
