@@ -347,7 +347,7 @@ async fn proxy(
         policy = shared.policy_name,
         worker = decision.worker,
         reason = ?decision.reason,
-        prompt_chars = key.text.len(),
+        prompt_bytes = key.text.len(),
         prompt_tokens = key.input_ids.as_ref().map_or(0, |v| v.len()),
         ?loads,
         "routed"
