@@ -26,7 +26,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kvroute_index::positional::{self, EventIndexConfig, EventWriter, SHARD_WORKERS};
 
@@ -170,6 +170,8 @@ pub struct EventReader {
     index: positional::EventIndex,
     /// Dense id → stream, `worker << 32 | rank`; `u64::MAX` = unassigned.
     owners: Arc<[AtomicU64]>,
+    /// Dense id → hidden from matches ([`EventIndex::set_hidden`]).
+    hidden: Arc<[AtomicBool]>,
 }
 
 impl std::fmt::Debug for EventReader {
@@ -194,7 +196,8 @@ impl EventReader {
 
     /// Streams holding a prefix of `keys` (router block keys of one prompt,
     /// [`kvroute_index::keys::block_keys`]), with the count of consecutive leading blocks each
-    /// holds (a hole truncates); streams holding no leading block are absent. Lock-free; cost
+    /// holds (a hole truncates); streams holding no leading block, and hidden streams
+    /// ([`EventIndex::set_hidden`]), are absent. Lock-free; cost
     /// as [`positional::EventIndex::find_matches`] (jump search, O(len / 32) probes when no
     /// stream has a hole).
     pub fn find_matches(&self, keys: &[u64]) -> Vec<Match> {
@@ -203,6 +206,9 @@ impl EventReader {
             .0
             .into_iter()
             .filter_map(|(id, blocks)| {
+                if self.hidden.get(id as usize)?.load(Ordering::Acquire) {
+                    return None;
+                }
                 let o = self.owners.get(id as usize)?.load(Ordering::Acquire);
                 (o != u64::MAX).then_some(Match {
                     stream: StreamId {
@@ -284,6 +290,7 @@ impl EventIndex {
             reader: EventReader {
                 index,
                 owners: (0..max_streams).map(|_| AtomicU64::new(u64::MAX)).collect(),
+                hidden: (0..max_streams).map(|_| AtomicBool::new(false)).collect(),
             },
             writers,
             streams: HashMap::new(),
@@ -296,6 +303,17 @@ impl EventIndex {
     /// A lock-free read handle (one per gateway shard or router).
     pub fn reader(&self) -> EventReader {
         self.reader.clone()
+    }
+
+    /// Hides `stream` from [`EventReader::find_matches`] (or shows it again); its blocks stay
+    /// indexed and counted. The consumer hides a stream while it waits for a replay: replayed
+    /// batches are history applied in order, so until the replay ends the stream shows states
+    /// its engine has left (a router that joins late replays from seq 0 through every block
+    /// the engine stored and evicted since it started). A stream with no dense id is a no-op.
+    pub fn set_hidden(&mut self, stream: StreamId, hidden: bool) {
+        if let Some(id) = self.streams.get(&stream).and_then(|s| s.id) {
+            self.reader.hidden[id as usize].store(hidden, Ordering::Release);
+        }
     }
 
     /// Router block size, tokens.

@@ -118,7 +118,8 @@ impl Consumer {
 
     /// Feeds one input of `stream`; applies what it releases to `index`. Returns `Some(start_seq)`
     /// when the caller must send a replay request `["", start_seq]` and later feed the replies
-    /// and one [`Input::ReplayEnd`].
+    /// and one [`Input::ReplayEnd`]. Until that end the stream is hidden from routing
+    /// ([`EventIndex::set_hidden`]): what a replay applies is history.
     pub fn handle(
         &mut self,
         index: &mut EventIndex,
@@ -155,6 +156,8 @@ impl Consumer {
                 );
             }
         }
+        // Mid-replay the stream shows history, not the engine's cache: hidden from routing.
+        index.set_hidden(stream, self.replaying(stream));
         replay
     }
 

@@ -412,7 +412,10 @@ fn live_removal_during_replay_never_resurrects_a_removed_block() {
             payload: &b1,
         },
     );
-    assert_eq!(ix.find_matches(&keys_b).len(), 1);
+    // Applied, but hidden from routing until the replay ends: the stream shows history.
+    assert_eq!(ix.engine_hashes(RANK0, Tier::Device), vec![1, 2]);
+    assert!(ix.find_matches(&keys_b).is_empty());
+    assert!(ix.find_matches(&chain_keys(None, &a, 16)).is_empty());
     c.handle(
         &mut ix,
         RANK0,
@@ -424,6 +427,8 @@ fn live_removal_during_replay_never_resurrects_a_removed_block() {
     c.handle(&mut ix, RANK0, Input::ReplayEnd);
     assert!(ix.find_matches(&keys_b).is_empty(), "block 2 resurrected");
     assert_eq!(ix.engine_hashes(RANK0, Tier::Device), vec![1]);
+    // Visible again once the replay ended.
+    assert_eq!(ix.find_matches(&chain_keys(None, &a, 16))[0].blocks, 1);
     // Even if the replay stops before the removal, the buffered removal is drained after.
     let mut c = Consumer::new();
     let mut ix = EventIndex::new(16);
