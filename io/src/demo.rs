@@ -52,7 +52,9 @@ pub struct DemoArgs {
     /// Take only the first N requests of the workload.
     #[arg(long)]
     pub max_requests: Option<usize>,
-    /// Write the comparison as JSON to this file.
+    /// Write the comparison as JSON to this file (`replay::comparison_json`; a run on KV
+    /// events also carries `"kv_events"`: the fault counters summed over streams and the
+    /// phantom / missed blocks of the router's index against the engines after the run).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Simulated engines to start.
@@ -221,6 +223,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let rt = tokio_runtime()?;
     let mut reports = Vec::new();
     let mut notes = Vec::new();
+    let mut kv_events: Vec<(String, serde_json::Value)> = Vec::new();
     for name in &args.policies {
         let on_events = name == EVENTS_RUN;
         let on_tokens = on_events || name == TOKENS_RUN;
@@ -273,8 +276,15 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             routing_note(&shared.metrics.encode(&shared.workers))
         ));
         if let Some(ix) = &shared.events {
-            notes.push(events_note(&crate::zmq::lock(ix)));
-            notes.push(rt.block_on(drift_note(ix, &urls))?);
+            let totals = event_totals(&crate::zmq::lock(ix));
+            let drift = rt.block_on(index_drift(ix, &urls))?;
+            notes.push(events_note(&totals));
+            notes.push(format!(
+                "{EVENTS_RUN}: router index vs engines after the run: phantom {}, missed {} of \
+                 {} cached blocks",
+                drift.phantom, drift.missed, drift.cached
+            ));
+            kv_events.push((name.clone(), events_json(&totals, &drift)));
         }
         server.shutdown();
         reports.push((name.clone(), report));
@@ -287,7 +297,10 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     if let Some(out) = &args.out {
         std::fs::write(
             out,
-            serde_json::to_vec_pretty(&replay::comparison_json(&reports))?,
+            serde_json::to_vec_pretty(&with_kv_events(
+                replay::comparison_json(&reports),
+                kv_events,
+            ))?,
         )
         .with_context(|| format!("writing {}", out.display()))?;
     }
@@ -335,8 +348,9 @@ fn routing_note(metrics: &str) -> String {
     line
 }
 
-/// One line of KV-event fault counters summed over every stream.
-fn events_note(ix: &kvroute_core::events::EventIndex) -> String {
+/// KV-event fault counters summed over every stream (size mismatches include length
+/// mismatches).
+fn event_totals(ix: &kvroute_core::events::EventIndex) -> kvroute_core::events::StreamStats {
     let mut t = kvroute_core::events::StreamStats::default();
     for (_, s) in ix.stats() {
         t.batches += s.batches;
@@ -351,6 +365,11 @@ fn events_note(ix: &kvroute_core::events::EventIndex) -> String {
         t.orphan_replays += s.orphan_replays;
         t.size_mismatches += s.size_mismatches + s.length_mismatches;
     }
+    t
+}
+
+/// One line of the fault counters of [`event_totals`].
+fn events_note(t: &kvroute_core::events::StreamStats) -> String {
     format!(
         "{EVENTS_RUN}: {} batches, {} events, gaps {}, replays {}, unrecoverable {}, restarts {}, \
          duplicates {}, decode errors {}, orphans {} (replays for them {}), size mismatches {}",
@@ -371,16 +390,26 @@ fn events_note(ix: &kvroute_core::events::EventIndex) -> String {
 /// How long the drift check waits for the last events to arrive before it counts.
 const DRIFT_SETTLE: Duration = Duration::from_secs(5);
 
-/// One line comparing the router's event index with every engine's real GPU block set once
-/// the run is over: blocks the index lists that the engine does not hold (phantom) and the
-/// reverse (missed), after waiting up to [`DRIFT_SETTLE`] for them to agree (the last batches
-/// may still be in flight). Engine `w` of `urls` is worker `w`, DP rank 0.
-async fn drift_note(ix: &crate::zmq::SharedEvents, urls: &[String]) -> anyhow::Result<String> {
+/// The router's event index against the engines' real GPU block sets, summed over engines.
+#[derive(Debug, Default)]
+struct Drift {
+    /// Blocks the index lists that the engine does not hold.
+    phantom: usize,
+    /// Blocks the engine holds that the index does not list.
+    missed: usize,
+    /// Blocks the engines hold.
+    cached: usize,
+}
+
+/// Compares the router's event index with every engine's real GPU block set once the run is
+/// over, after waiting up to [`DRIFT_SETTLE`] for them to agree (the last batches may still
+/// be in flight). Engine `w` of `urls` is worker `w`, DP rank 0.
+async fn index_drift(ix: &crate::zmq::SharedEvents, urls: &[String]) -> anyhow::Result<Drift> {
     use kvroute_core::events::{StreamId, Tier};
     use std::collections::HashSet;
     let deadline = Instant::now() + DRIFT_SETTLE;
     loop {
-        let (mut phantom, mut missed, mut cached) = (0, 0, 0);
+        let mut d = Drift::default();
         for (w, url) in urls.iter().enumerate() {
             let (status, body) = http(url, "GET", "/debug/cached_blocks").await?;
             anyhow::ensure!(status == 200, "{url}/debug/cached_blocks: status {status}");
@@ -398,18 +427,53 @@ async fn drift_note(ix: &crate::zmq::SharedEvents, urls: &[String]) -> anyhow::R
                 )
                 .into_iter()
                 .collect();
-            phantom += got.difference(&truth).count();
-            missed += truth.difference(&got).count();
-            cached += truth.len();
+            d.phantom += got.difference(&truth).count();
+            d.missed += truth.difference(&got).count();
+            d.cached += truth.len();
         }
-        if phantom + missed == 0 || Instant::now() > deadline {
-            return Ok(format!(
-                "{EVENTS_RUN}: router index vs engines after the run: phantom {phantom}, \
-                 missed {missed} of {cached} cached blocks"
-            ));
+        if d.phantom + d.missed == 0 || Instant::now() > deadline {
+            return Ok(d);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The `"kv_events"` object of a run on events: [`event_totals`] and [`Drift`].
+fn events_json(t: &kvroute_core::events::StreamStats, d: &Drift) -> serde_json::Value {
+    serde_json::json!({
+        "batches": t.batches,
+        "events": t.events,
+        "gaps": t.gaps,
+        "replays": t.replays,
+        "unrecoverable_gaps": t.unrecoverable_gaps,
+        "restarts": t.restarts,
+        "duplicates": t.duplicates,
+        "decode_errors": t.decode_errors,
+        "orphans": t.orphans,
+        "orphan_replays": t.orphan_replays,
+        "size_mismatches": t.size_mismatches,
+        "phantom_blocks": d.phantom,
+        "missed_blocks": d.missed,
+        "cached_blocks": d.cached,
+    })
+}
+
+/// `report` (`{"policies": [...]}`) with each run named in `kv_events` given its object.
+fn with_kv_events(
+    mut report: serde_json::Value,
+    kv_events: Vec<(String, serde_json::Value)>,
+) -> serde_json::Value {
+    for (name, v) in kv_events {
+        if let Some(run) = report["policies"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+            .find(|r| r["policy"] == name.as_str())
+        {
+            run["kv_events"] = v;
+        }
+    }
+    report
 }
 
 /// Empties an engine's prefix cache (`POST /reset_prefix_cache`), waiting up to 10 s for it to
