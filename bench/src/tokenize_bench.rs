@@ -119,6 +119,24 @@ impl TurnSums {
     fn mean_ms(&self, d: Duration) -> f64 {
         d.as_secs_f64() * 1e3 / self.n
     }
+    /// The table row both sections share (turn, mean tokens, reuse, full and incremental ms,
+    /// speedup, identical ids), with the section's own columns `extra` (a JSON object) added.
+    fn row(&self, extra: Value) -> Value {
+        let t = &self.sum;
+        let mut row = json!({
+            "turn": self.turn,
+            "mean_tokens": self.mean_tokens(),
+            "reused_fraction": self.reused_fraction(),
+            "full_ms": self.mean_ms(t.full),
+            "incremental_ms": self.mean_ms(t.incremental),
+            "speedup": ratio(t.full, t.incremental),
+            "ids_identical": t.identical,
+        });
+        if let (Some(r), Value::Object(e)) = (row.as_object_mut(), extra) {
+            r.extend(e);
+        }
+        row
+    }
 }
 
 impl Turn {
@@ -233,17 +251,10 @@ pub fn run() -> anyhow::Result<Value> {
         .iter()
         .map(|s| {
             let t = &s.sum;
-            json!({
-                "turn": s.turn,
-                "mean_tokens": s.mean_tokens(),
-                "reused_fraction": s.reused_fraction(),
-                "full_ms": s.mean_ms(t.full),
-                "incremental_ms": s.mean_ms(t.incremental),
+            s.row(json!({
                 "render_ms": s.mean_ms(t.render),
-                "speedup": ratio(t.full, t.incremental),
                 "speedup_with_render": ratio(t.full + t.render, t.incremental + t.render),
-                "ids_identical": t.identical,
-            })
+            }))
         })
         .collect();
     let all = total_after(&sums, 0);
@@ -331,17 +342,10 @@ pub fn growing(tok: &Tokenizer, words: &WordIds) -> anyhow::Result<Value> {
         .iter()
         .map(|s| {
             let t = &s.sum;
-            json!({
-                "turn": s.turn,
-                "mean_tokens": s.mean_tokens(),
-                "reused_fraction": s.reused_fraction(),
-                "full_ms": s.mean_ms(t.full),
-                "incremental_ms": s.mean_ms(t.incremental),
+            s.row(json!({
                 "miss_ms": s.mean_ms(t.miss),
-                "speedup": ratio(t.full, t.incremental),
                 "miss_overhead": ratio(t.miss, t.full) - 1.0,
-                "ids_identical": t.identical,
-            })
+            }))
         })
         .collect();
     let (all, later) = (total_after(&sums, 0), total_after(&sums, 1));

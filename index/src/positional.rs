@@ -336,6 +336,46 @@ impl Layout {
     }
 }
 
+/// Home distance of `index[j]` (laid out as `l`, `index.len()` positions) from its distance
+/// field, or from its record in `slab` when the field is saturated.
+#[inline]
+fn disp_in(index: &[u32], l: Layout, slab: &[Rec], j: usize) -> usize {
+    let e = index[j];
+    let d = l.disp(e);
+    if d < l.dmax() {
+        return d as usize;
+    }
+    let n = index.len();
+    let h = home(mix(slab[l.idx(e) as usize].engine()), n);
+    (j + n - h) % n
+}
+
+/// Robin Hood insertion: entry `cur`, `cd` positions from its home, takes position `i` or a
+/// later one, pushing each poorer resident one step on until an empty position ends the run.
+#[inline]
+fn place(index: &mut [u32], l: Layout, slab: &[Rec], mut i: usize, mut cur: u32, mut cd: usize) {
+    let n = index.len();
+    loop {
+        let e = index[i];
+        if e == IX_EMPTY {
+            index[i] = cur;
+            return;
+        }
+        let ed = disp_in(index, l, slab, i);
+        if ed < cd {
+            index[i] = cur;
+            cur = e;
+            cd = ed;
+        }
+        i += 1;
+        if i == n {
+            i = 0;
+        }
+        cd += 1;
+        cur = l.with_disp(cur, cd);
+    }
+}
+
 /// One worker's records.
 struct WorkerState {
     slab: Vec<Rec>,
@@ -479,36 +519,8 @@ impl WorkerState {
                 continue;
             }
             let h = mix(r.engine());
-            let mut i = home(h, n);
-            let mut cur = l.entry(idx as u32, 0, l.tag(h));
-            let mut cd = 0usize;
-            loop {
-                let e = index[i];
-                if e == IX_EMPTY {
-                    index[i] = cur;
-                    break;
-                }
-                let ed = {
-                    let d = l.disp(e);
-                    if d < l.dmax() {
-                        d as usize
-                    } else {
-                        let hh = home(mix(self.slab[l.idx(e) as usize].engine()), n);
-                        (i + n - hh) % n
-                    }
-                };
-                if ed < cd {
-                    index[i] = cur;
-                    cur = e;
-                    cd = ed;
-                }
-                i += 1;
-                if i == n {
-                    i = 0;
-                }
-                cd += 1;
-                cur = l.with_disp(cur, cd);
-            }
+            let e = l.entry(idx as u32, 0, l.tag(h));
+            place(&mut index, l, &self.slab, home(h, n), e, 0);
         }
         self.index = index;
     }
@@ -517,15 +529,7 @@ impl WorkerState {
     /// slab when the field is saturated).
     #[inline]
     fn disp_at(&self, j: usize) -> usize {
-        let l = self.layout;
-        let e = self.index[j];
-        let d = l.disp(e);
-        if d < l.dmax() {
-            return d as usize;
-        }
-        let n = self.index.len();
-        let h = home(mix(self.slab[l.idx(e) as usize].engine()), n);
-        (j + n - h) % n
+        disp_in(&self.index, self.layout, &self.slab, j)
     }
 
     /// Deletes index position `pos`, shifting the displaced entries after it back one step
@@ -583,30 +587,8 @@ impl WorkerState {
         };
         self.set_parent(idx, parent);
         let l = self.layout;
-        // Robin Hood: take position `ins`, push the poorer residents one step on.
-        let mut cur = l.entry(idx, disp, l.tag(mix(eh)));
-        let mut cd = disp;
-        let n = self.index.len();
-        let mut i = ins;
-        loop {
-            let e = self.index[i];
-            if e == IX_EMPTY {
-                self.index[i] = cur;
-                break;
-            }
-            let ed = self.disp_at(i);
-            if ed < cd {
-                self.index[i] = cur;
-                cur = e;
-                cd = ed;
-            }
-            i += 1;
-            if i == n {
-                i = 0;
-            }
-            cd += 1;
-            cur = l.with_disp(cur, cd);
-        }
+        let e = l.entry(idx, disp, l.tag(mix(eh)));
+        place(&mut self.index, l, &self.slab, ins, e, disp);
         idx
     }
 

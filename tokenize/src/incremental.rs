@@ -577,6 +577,18 @@ mod tests {
 
     use crate::tokenizer::test_qwen as qwen;
 
+    /// A pre-tokenizer splitting on `regex` matches, each match its own piece.
+    fn isolated_split(regex: &str) -> tokenizers::pre_tokenizers::split::Split {
+        use tokenizers::SplitDelimiterBehavior;
+        use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+        Split::new(
+            SplitPattern::Regex(regex.into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .unwrap()
+    }
+
     #[test]
     fn cut_points_are_special_token_starts() {
         let t = qwen();
@@ -665,21 +677,15 @@ mod tests {
     /// Plain pipelines for the text-cut tests: Qwen3 as shipped, and the Qwen3 vocabulary
     /// under the two other recognised pre-tokenizers (Llama 3 split regex, GPT-2 ByteLevel).
     fn pipelines() -> &'static [(&'static str, Tokenizer)] {
+        use tokenizers::PreTokenizerWrapper;
         use tokenizers::pre_tokenizers::byte_level::ByteLevel;
         use tokenizers::pre_tokenizers::sequence::Sequence;
-        use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-        use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
         static P: std::sync::OnceLock<Vec<(&'static str, Tokenizer)>> = std::sync::OnceLock::new();
         P.get_or_init(|| {
             let t = qwen();
             let llama3 = t.with_pipeline(
                 |hf| {
-                    let split = Split::new(
-                        SplitPattern::Regex(crate::tokenizer::TEXT_CUT_SPLIT_REGEXES[1].into()),
-                        SplitDelimiterBehavior::Isolated,
-                        false,
-                    )
-                    .unwrap();
+                    let split = isolated_split(crate::tokenizer::TEXT_CUT_SPLIT_REGEXES[1]);
                     hf.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(
                         vec![split.into(), ByteLevel::new(false, false, false).into()],
                     ))));
@@ -722,11 +728,10 @@ mod tests {
     /// Every pipeline recognised: text cuts on; anything else: off, with a reason.
     #[test]
     fn text_cuts_are_enabled_only_for_recognised_pipelines() {
+        use tokenizers::TruncationParams;
         use tokenizers::normalizers::unicode::NFKC;
         use tokenizers::pre_tokenizers::byte_level::ByteLevel;
         use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
-        use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-        use tokenizers::{SplitDelimiterBehavior, TruncationParams};
         for (name, t) in pipelines() {
             assert!(
                 t.text_cuts_enabled(),
@@ -756,13 +761,7 @@ mod tests {
             ),
             t.with_pipeline(
                 |hf| {
-                    let split = Split::new(
-                        SplitPattern::Regex(r"[^\n]+\n?".into()),
-                        SplitDelimiterBehavior::Isolated,
-                        false,
-                    )
-                    .unwrap();
-                    hf.with_pre_tokenizer(Some(split));
+                    hf.with_pre_tokenizer(Some(isolated_split(r"[^\n]+\n?")));
                 },
                 false,
             ),
@@ -1019,18 +1018,12 @@ mod tests {
     /// the run-time check: no unverified text cut is used and the ids stay exact.
     #[test]
     fn verify_catches_a_misclassified_pipeline() {
+        use tokenizers::PreTokenizerWrapper;
         use tokenizers::pre_tokenizers::byte_level::ByteLevel;
         use tokenizers::pre_tokenizers::sequence::Sequence;
-        use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-        use tokenizers::{PreTokenizerWrapper, SplitDelimiterBehavior};
         let t = qwen().with_pipeline(
             |hf| {
-                let lines = Split::new(
-                    SplitPattern::Regex(r"[^\n]+\n?".into()),
-                    SplitDelimiterBehavior::Isolated,
-                    false,
-                )
-                .unwrap();
+                let lines = isolated_split(r"[^\n]+\n?");
                 hf.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
                     lines.into(),
                     ByteLevel::new(false, false, false).into(),
