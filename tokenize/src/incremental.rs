@@ -178,6 +178,9 @@ fn lock_cache(cache: &SharedPrefixCache) -> std::sync::MutexGuard<'_, PrefixCach
 pub struct IncrementalTokenizer {
     tok: Tokenizer,
     cache: SharedPrefixCache,
+    /// The cache's budget is not 0 (read once: a budget never changes), so a request takes
+    /// the cache lock only to look up and to insert.
+    caching: bool,
     stats: IncrementalStats,
 }
 
@@ -215,9 +218,11 @@ impl IncrementalTokenizer {
 
     /// `tok` over `cache`, which other tokenizers (of other shards) may share.
     pub fn with_cache(tok: Tokenizer, cache: SharedPrefixCache) -> Self {
+        let caching = lock_cache(&cache).budget_tokens > 0;
         Self {
             tok,
             cache,
+            caching,
             stats: IncrementalStats::default(),
         }
     }
@@ -255,7 +260,7 @@ impl IncrementalTokenizer {
     /// [`TokenizeError::Encode`] when the HF pipeline fails on a piece.
     pub fn encode(&mut self, text: &str, namespace: u64) -> Result<Encoded, TokenizeError> {
         self.stats.prompts += 1;
-        if self.lock().budget_tokens == 0 {
+        if !self.caching {
             let ids = self.tok.try_encode(text)?;
             self.stats.encoded_tokens += ids.len() as u64;
             return Ok(Encoded {
