@@ -65,6 +65,10 @@ pub struct ReplayConfig {
     pub expected_workers: Option<usize>,
     /// Keep one [`RequestSample`] per request in the report.
     pub keep_samples: bool,
+    /// Further base URLs of the same fleet: router replicas behind a round-robin L4 balancer.
+    /// The k-th request sent goes to `[url, replicas…][k mod (1 + replicas.len())]`, so the
+    /// turns of one conversation land on different replicas. Empty: everything to `url`.
+    pub replicas: Vec<String>,
 }
 
 impl Default for ReplayConfig {
@@ -79,6 +83,7 @@ impl Default for ReplayConfig {
             ignore_eos: true,
             expected_workers: None,
             keep_samples: false,
+            replicas: Vec::new(),
         }
     }
 }
@@ -408,7 +413,8 @@ async fn send_one(target: &Target, body: Bytes, start: Instant, sample: &mut Req
     };
 }
 
-/// Replays `records` open loop against `cfg.url` and aggregates the outcomes.
+/// Replays `records` open loop against `cfg.url` (and `cfg.replicas`, in turn) and
+/// aggregates the outcomes.
 ///
 /// Record `i` is sent at `start + (timestamp_ms − earliest timestamp_ms) / time_scale` (ties
 /// keep slice order) as
@@ -420,7 +426,7 @@ async fn send_one(target: &Target, body: Bytes, start: Instant, sample: &mut Req
 /// with the time and net drivers.
 ///
 /// # Errors
-/// - [`ReplayError::BadUrl`]: `cfg.url` is not `http://host[:port][/prefix]`.
+/// - [`ReplayError::BadUrl`]: `cfg.url` or a replica is not `http://host[:port][/prefix]`.
 /// - [`ReplayError::BadTimeScale`]: `cfg.time_scale` is not positive and finite.
 ///
 /// Request failures are not errors: they are counted in the report.
@@ -429,7 +435,10 @@ pub async fn replay(
     records: &[TraceRecord],
     prompts: &PromptBuilder,
 ) -> Result<ReplayReport, ReplayError> {
-    let target = Arc::new(parse_target(&cfg.url)?);
+    let targets = std::iter::once(&cfg.url)
+        .chain(&cfg.replicas)
+        .map(|u| parse_target(u).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()?;
     if !(cfg.time_scale.is_finite() && cfg.time_scale > 0.0) {
         return Err(ReplayError::BadTimeScale(cfg.time_scale));
     }
@@ -458,7 +467,7 @@ pub async fn replay(
     let start = Instant::now();
     let mut tasks: JoinSet<RequestSample> = JoinSet::new();
     let mut samples = Vec::with_capacity(records.len());
-    for &i in &order {
+    for (k, &i) in order.iter().enumerate() {
         let r = &records[i];
         // Build the body before waiting, so the send itself is on time.
         let body = request_body(&cfg, prompts.prompt_text(r), r.output_length);
@@ -474,7 +483,7 @@ pub async fn replay(
                 samples.push(s);
             }
         }
-        let target = target.clone();
+        let target = Arc::clone(&targets[k % targets.len()]);
         let bar = bar.clone();
         tasks.spawn(async move {
             let sent = Instant::now();

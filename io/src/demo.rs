@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 /// Engines the demo starts.
 pub const DEMO_ENGINES: usize = 4;
+/// Router replicas per run in the demo. Source: seed doc (one router).
+pub const DEMO_REPLICAS: usize = 1;
 /// KV capacity of each demo engine, blocks of 16 tokens: 4,096 blocks = 65,536 tokens, about
 /// a quarter of the built-in workload's distinct prompt tokens, so a cache-blind spread of
 /// every prefix over all engines evicts, as a real fleet under load does.
@@ -54,7 +56,8 @@ pub struct DemoArgs {
     pub max_requests: Option<usize>,
     /// Write the comparison as JSON to this file (`replay::comparison_json`; a run on KV
     /// events also carries `"kv_events"`: the fault counters summed over streams and the
-    /// phantom / missed blocks of the router's index against the engines after the run).
+    /// phantom / missed blocks of the router's index against the engines after the run, summed
+    /// over replicas).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Simulated engines to start.
@@ -75,7 +78,13 @@ pub struct DemoArgs {
     /// `cache_aware_tokens` is cache_aware on the token tree (token mode, no events).
     #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL.iter().map(|p| p.to_string()).chain([EVENTS_RUN.to_string()]).collect::<Vec<_>>())]
     pub policies: Vec<String>,
-    /// Gateway shards [default: the cores this process may use].
+    /// Router replicas per run, each with its own indexes (and, for the events run, its own
+    /// subscription to every engine), behind a round-robin balancer: the k-th request goes
+    /// to replica k mod N, so a conversation's turns reach different replicas, as behind an
+    /// L4 load balancer in front of a highly available router tier.
+    #[arg(long, default_value_t = DEMO_REPLICAS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
+    pub replicas: usize,
+    /// Gateway shards per replica [default: the cores this process may use].
     #[arg(long)]
     pub shards: Option<usize>,
     /// No progress bars.
@@ -259,9 +268,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                 })
                 .collect();
         }
-        let server = gateway::start(cfg, false)?;
+        let servers = (0..args.replicas)
+            .map(|_| gateway::start(cfg.clone(), false))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut gateways = servers.iter().map(|s| format!("http://{}", s.local_addr()));
         let replay_cfg = ReplayConfig {
-            url: format!("http://{}", server.local_addr()),
+            url: gateways.next().expect("at least one replica"),
+            replicas: gateways.collect(),
             time_scale: args.time_scale,
             progress: !args.quiet,
             expected_workers: Some(urls.len()),
@@ -270,23 +283,41 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         };
         eprintln!("-- {name}");
         let report = rt.block_on(replay::replay(replay_cfg, &records, &prompts))?;
-        let shared = server.shared();
-        notes.push(format!(
-            "{name}: {}",
-            routing_note(&shared.metrics.encode(&shared.workers))
-        ));
-        if let Some(ix) = &shared.events {
-            let totals = event_totals(&crate::zmq::lock(ix));
-            let drift = rt.block_on(index_drift(ix, &urls))?;
+        let metrics: String = servers
+            .iter()
+            .map(|s| s.shared().metrics.encode(&s.shared().workers))
+            .collect();
+        notes.push(format!("{name}: {}", routing_note(&metrics)));
+        let indexes: Vec<_> = servers
+            .iter()
+            .filter_map(|s| s.shared().events.clone())
+            .collect();
+        if !indexes.is_empty() {
+            let mut totals = kvroute_core::events::StreamStats::default();
+            let mut drift = Drift::default();
+            for ix in &indexes {
+                add_stats(&mut totals, &event_totals(&crate::zmq::lock(ix)));
+                let d = rt.block_on(index_drift(ix, &urls))?;
+                drift.phantom += d.phantom;
+                drift.missed += d.missed;
+                drift.cached = d.cached;
+            }
             notes.push(events_note(&totals));
+            let each = if indexes.len() > 1 {
+                format!(" (each of {} replicas)", indexes.len())
+            } else {
+                String::new()
+            };
             notes.push(format!(
-                "{EVENTS_RUN}: router index vs engines after the run: phantom {}, missed {} of \
-                 {} cached blocks",
+                "{EVENTS_RUN}: router index{each} vs engines after the run: phantom {}, missed \
+                 {} of {} cached blocks",
                 drift.phantom, drift.missed, drift.cached
             ));
             kv_events.push((name.clone(), events_json(&totals, &drift)));
         }
-        server.shutdown();
+        for s in servers {
+            s.shutdown();
+        }
         reports.push((name.clone(), report));
     }
     println!("{}", replay::comparison_table(&reports));
@@ -353,19 +384,24 @@ fn routing_note(metrics: &str) -> String {
 fn event_totals(ix: &kvroute_core::events::EventIndex) -> kvroute_core::events::StreamStats {
     let mut t = kvroute_core::events::StreamStats::default();
     for (_, s) in ix.stats() {
-        t.batches += s.batches;
-        t.events += s.events;
-        t.gaps += s.gaps;
-        t.replays += s.replays;
-        t.unrecoverable_gaps += s.unrecoverable_gaps;
-        t.restarts += s.restarts;
-        t.duplicates += s.duplicates;
-        t.decode_errors += s.decode_errors;
-        t.orphans += s.orphans;
-        t.orphan_replays += s.orphan_replays;
-        t.size_mismatches += s.size_mismatches + s.length_mismatches;
+        add_stats(&mut t, &s);
     }
     t
+}
+
+/// Adds the fault counters of `s` to `t` (size mismatches include length mismatches).
+fn add_stats(t: &mut kvroute_core::events::StreamStats, s: &kvroute_core::events::StreamStats) {
+    t.batches += s.batches;
+    t.events += s.events;
+    t.gaps += s.gaps;
+    t.replays += s.replays;
+    t.unrecoverable_gaps += s.unrecoverable_gaps;
+    t.restarts += s.restarts;
+    t.duplicates += s.duplicates;
+    t.decode_errors += s.decode_errors;
+    t.orphans += s.orphans;
+    t.orphan_replays += s.orphan_replays;
+    t.size_mismatches += s.size_mismatches + s.length_mismatches;
 }
 
 /// One line of the fault counters of [`event_totals`].
