@@ -400,6 +400,12 @@ struct WorkerState {
     stamps: Vec<u32>,
     /// Whether `stamps` is kept.
     stamped: bool,
+    /// Table keys (as stored) this worker holds through more than one record → the extra
+    /// records: engine blocks the router's keys cannot tell apart (equal tokens under equal
+    /// parents, e.g. multimodal blocks with equal placeholder tokens and different images).
+    /// A removal clears the worker's bit only when no record of the key is left. Empty in
+    /// the common case; while not empty, [`Self::store`] takes the full probe.
+    dups: MixMap<u64, u32>,
 }
 
 impl WorkerState {
@@ -416,6 +422,7 @@ impl WorkerState {
             far: MixMap::default(),
             stamps: Vec::new(),
             stamped,
+            dups: MixMap::default(),
         }
     }
 }
@@ -678,6 +685,14 @@ impl WorkerState {
 
     /// Stores block `eh` (key `key`, parent record `parent` or [`NONE`]) at `now`; returns its
     /// record. Room in the table was ensured by the caller.
+    ///
+    /// `unholey`: no worker of the index holds a block whose parent it does not hold. Then a
+    /// new block whose parent has no held child yet, and whose parent's row names only this
+    /// worker, has a key nobody holds: another worker holding it would hold the parent's key
+    /// too (keys chain over the whole prefix), and this worker could hold it only through a
+    /// second record of the parent's key, which `dups` would list. Such a block is
+    /// inserted without probing the table to the end of its run
+    /// ([`TableWriter::insert_absent`]): the tail of every new sequence.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     fn store(
@@ -689,6 +704,7 @@ impl WorkerState {
         key: u64,
         parent: u32,
         now: u32,
+        unholey: bool,
     ) -> u32 {
         self.ensure_room();
         match self.find(eh) {
@@ -700,7 +716,8 @@ impl WorkerState {
                     return idx;
                 }
                 // A ghost comes back with its held children.
-                self.slab[idx as usize].slot = table.set_bit(key, gbit, g);
+                let slot = self.set_bit(table, g, gbit, key);
+                self.slab[idx as usize].slot = slot;
                 self.set_parent(idx, parent);
                 self.orphans -= self.children(idx) as u64;
                 self.ghosts -= 1;
@@ -711,7 +728,16 @@ impl WorkerState {
                 idx
             }
             Find::Miss { ins, disp } => {
-                let slot = table.set_bit(key, gbit, g);
+                let fresh = unholey
+                    && self.dups.is_empty()
+                    && parent != NONE
+                    && self.children(parent) == 0
+                    && table.only_bit(self.slab[parent as usize].slot, gbit, g);
+                let slot = if fresh {
+                    table.insert_absent(key, gbit, g)
+                } else {
+                    self.set_bit(table, g, gbit, key)
+                };
                 let idx = self.insert(ins, disp, eh, slot, parent, now);
                 self.held += 1;
                 if parent != NONE {
@@ -722,13 +748,36 @@ impl WorkerState {
         }
     }
 
+    /// Sets this worker's bit in the row of `key` and returns the slot; a key the worker
+    /// already held (through another record) gets one more count in `dups`.
+    #[inline]
+    fn set_bit(&mut self, table: &mut TableWriter, g: &Guard, gbit: usize, key: u64) -> u32 {
+        let (slot, had) = table.set_bit_had(key, gbit, g);
+        if had {
+            *self.dups.entry(table.key_at(slot, g)).or_insert(0) += 1;
+        }
+        slot
+    }
+
     /// Removes held record `idx` (index position `pos`): clears its table bit, unlinks it
     /// from its parent (freeing a ghost parent left childless), and leaves a ghost if it has
     /// held children.
     #[inline]
     fn remove(&mut self, table: &mut TableWriter, g: &Guard, gbit: usize, pos: usize, idx: u32) {
         let slot = self.slab[idx as usize].slot;
-        table.clear_bit(slot, gbit, g);
+        match (!self.dups.is_empty())
+            .then(|| table.key_at(slot, g))
+            .and_then(|k| self.dups.get_mut(&k).map(|c| (k, c)))
+        {
+            // Another record of this worker still holds the key: the bit stays.
+            Some((k, c)) => {
+                *c -= 1;
+                if *c == 0 {
+                    self.dups.remove(&k);
+                }
+            }
+            None => table.clear_bit(slot, gbit, g),
+        }
         self.held -= 1;
         let p = self.parent(idx);
         self.set_parent(idx, NONE);
@@ -804,8 +853,8 @@ impl WorkerState {
         }
     }
 
-    /// Allocated bytes: the state itself, slab, stamps, index, spilled counts and far
-    /// parents (capacity × entry size, + 1 control byte per map bucket).
+    /// Allocated bytes: the state itself, slab, stamps, index, spilled counts, far parents
+    /// and duplicate keys (capacity × entry size, + 1 control byte per map bucket).
     fn memory_bytes(&self) -> usize {
         let map = std::mem::size_of::<(u32, u32)>() + 1;
         std::mem::size_of::<Self>()
@@ -813,6 +862,7 @@ impl WorkerState {
             + self.stamps.capacity() * 4
             + self.index.capacity() * 4
             + (self.overflow.capacity() + self.far.capacity()) * map
+            + self.dups.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
     }
 }
 
@@ -1213,7 +1263,8 @@ impl EventWriter {
     }
 
     /// Publishes worker `b`'s holey bit, drops its state when it holds no record, and the
-    /// entries gauge.
+    /// entries gauge. Called with the table lock held, so the next writer of any shard sees
+    /// the holey bit (`apply_stored` relies on it).
     fn finish(&mut self, b: usize) {
         let holey = match &mut self.workers[b] {
             Some(st) if st.held + st.ghosts == 0 => {
@@ -1287,6 +1338,13 @@ impl EventWriter {
         self.remapped(&mut side, map);
         let table = &mut side.table;
         let stamped = self.stamped;
+        // Holey bits are published under the table lock (`finish`), so this sees every
+        // shard's.
+        let unholey = self
+            .shared
+            .holey
+            .iter()
+            .all(|w| w.load(Ordering::Acquire) == 0);
         let st = self.workers[b].get_or_insert_with(|| Box::new(WorkerState::new(stamped)));
         // Keys are computed a few blocks ahead of the stores (pure hashing), so each block's
         // table slot and index position are prefetched before its store needs them.
@@ -1314,13 +1372,13 @@ impl EventWriter {
                 }
                 computed += 1;
             }
-            prev = st.store(table, &g, gbit, eh, ring[i % RING], prev, now);
+            prev = st.store(table, &g, gbit, eh, ring[i % RING], prev, now, unholey);
         }
         self.held += st.held - held;
         table.end_batch(&g);
         drop(g);
-        drop(side);
         self.finish(b);
+        drop(side);
         Ok(())
     }
 
@@ -1365,8 +1423,8 @@ impl EventWriter {
         let map = table.shrink(&g);
         self.remapped(&mut side, map);
         drop(g);
-        drop(side);
         self.finish(b);
+        drop(side);
         Ok(())
     }
 
@@ -1403,8 +1461,8 @@ impl EventWriter {
         let map = side.table.shrink(&g);
         self.remapped(&mut side, map);
         drop(g);
-        drop(side);
         self.finish(b);
+        drop(side);
         Ok(())
     }
 
@@ -1485,12 +1543,12 @@ impl EventWriter {
         let map = table.shrink(&g);
         self.remapped(&mut side, map);
         drop(g);
-        drop(side);
         for b in 0..SHARD_WORKERS {
             if touched & (1 << b) != 0 {
                 self.finish(b);
             }
         }
+        drop(side);
         n
     }
 
@@ -1817,6 +1875,60 @@ mod tests {
             .map(|(&h, t)| (h, local_hash(t)))
             .collect();
         assert_eq!(got.is_ok(), r.stored(worker, parent, &blocks));
+    }
+
+    /// Two engine blocks the router's keys cannot tell apart (equal tokens under equal
+    /// parents, different engine hashes: multimodal blocks with equal placeholder tokens).
+    /// The second chain's blocks must find the first chain's keys, not insert them again:
+    /// `insert_absent` of a present key trips its debug assertion, and a duplicate row would
+    /// outlive the removal of either chain.
+    #[test]
+    fn equal_tokens_under_two_engine_hashes_share_one_key() {
+        let (ix, mut w) = EventIndex::new(&cfg(2));
+        let toks = tokens(1, 0, 3);
+        w[0].apply_stored(0, 0, None, &[11, 12, 13], &toks, 0)
+            .unwrap();
+        w[0].apply_stored(0, 0, None, &[21, 22, 23], &toks, 0)
+            .unwrap();
+        // Worker 1 extends the shared prefix: its block 3 is new to the table.
+        w[0].apply_stored(1, 0, None, &[31, 32, 33], &toks, 0)
+            .unwrap();
+        check(&w);
+        let mut q = toks.clone();
+        q.extend(tokens(1, 3, 1));
+        assert_eq!(ix.find_matches_tokens(0, &q).blocks(0), 3);
+        w[0].apply_removed(0, &[11, 12, 13]).unwrap();
+        check(&w);
+        assert_eq!(ix.find_matches_tokens(0, &q).blocks(0), 3);
+        w[0].apply_removed(0, &[21, 22, 23]).unwrap();
+        check(&w);
+        assert_eq!(ix.find_matches_tokens(0, &q).blocks(0), 0);
+        assert_eq!(ix.find_matches_tokens(0, &q).blocks(1), 3);
+    }
+
+    /// A worker holding a block without its parent (a hole) can hold the key of a block
+    /// another worker stores as new under a parent only it holds: while any worker is holey,
+    /// new blocks take the full probe.
+    #[test]
+    fn a_holey_worker_keeps_new_blocks_on_the_full_probe() {
+        let (ix, mut w) = EventIndex::new(&cfg(2));
+        let mut r = ReferenceEventIndex::new();
+        store(&mut w, &mut r, 1, 7, 0, 2);
+        w[0].apply_removed(1, &[ehash(7, 0)]).unwrap();
+        store(&mut w, &mut r, 0, 7, 0, 1);
+        // Block 1 of seq 7 under a parent only worker 0 holds: worker 1 holds its key.
+        store(&mut w, &mut r, 0, 7, 1, 1);
+        check(&w);
+        let q = tokens(7, 0, 2);
+        let m = |w: TenantId| ix.find_matches_tokens(0, &q).blocks(w);
+        assert_eq!((m(0), m(1)), (2, 0));
+        w[0].apply_removed(0, &[ehash(7, 1)]).unwrap();
+        check(&w);
+        assert_eq!((m(0), m(1)), (1, 0));
+        // Worker 1's block 0 comes back: its held block 1 counts again.
+        store(&mut w, &mut r, 1, 7, 0, 1);
+        check(&w);
+        assert_eq!((m(0), m(1)), (1, 2));
     }
 
     /// anchors §7 E4: block boundaries with a 153-token base (9 full blocks + 9-token tail).
