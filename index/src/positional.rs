@@ -1890,7 +1890,7 @@ mod tests {
             .unwrap();
         w[0].apply_stored(0, 0, None, &[21, 22, 23], &toks, 0)
             .unwrap();
-        // Worker 1 extends the shared prefix: its block 3 is new to the table.
+        // Worker 1 holds the same three blocks under its own engine hashes.
         w[0].apply_stored(1, 0, None, &[31, 32, 33], &toks, 0)
             .unwrap();
         check(&w);
