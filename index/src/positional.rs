@@ -1864,9 +1864,23 @@ mod tests {
         from: usize,
         n: usize,
     ) {
+        store_as(w, r, worker, seq, seq, from, n);
+    }
+
+    /// [`store`] with the tokens of sequence `content` under the engine hashes of `seq`: with
+    /// `seq != content`, blocks the router's keys cannot tell apart from `content`'s.
+    fn store_as(
+        w: &mut [EventWriter],
+        r: &mut ReferenceEventIndex,
+        worker: TenantId,
+        seq: u32,
+        content: u32,
+        from: usize,
+        n: usize,
+    ) {
         let parent = from.checked_sub(1).map(|p| ehash(seq, p));
         let hs: Vec<u64> = (from..from + n).map(|i| ehash(seq, i)).collect();
-        let toks = tokens(seq, from, n);
+        let toks = tokens(content, from, n);
         let shard = worker as usize / SHARD_WORKERS;
         let got = w[shard].apply_stored(worker, 0, parent, &hs, &toks, 0);
         let blocks: Vec<(u64, u64)> = hs
@@ -2097,12 +2111,17 @@ mod tests {
         Prune,
     }
 
+    /// Engine-hash sequences of the proptest: 0..5, and their aliases `ALIAS + s` (same
+    /// tokens as `s`, other engine hashes: equal router keys held through two records).
+    const ALIAS: u32 = 50;
+
     fn op() -> impl Strategy<Value = Op> {
         let w = prop_oneof![0..4u32, 62..70u32];
+        let seq = prop_oneof![4 => 0..5u32, 1 => ALIAS..ALIAS + 5];
         prop_oneof![
-            6 => (w.clone(), 0..5u32, 0..6usize, 1..40usize).prop_map(|(w, s, f, n)| Op::Store(w, s, f, n)),
-            3 => (w.clone(), 0..5u32, 0..45usize).prop_map(|(w, s, i)| Op::Remove(w, s, i)),
-            1 => (w.clone(), 0..5u32, 0..45usize, 1..45usize).prop_map(|(w, s, f, n)| Op::RemoveRange(w, s, f, n)),
+            6 => (w.clone(), seq.clone(), 0..6usize, 1..40usize).prop_map(|(w, s, f, n)| Op::Store(w, s, f, n)),
+            3 => (w.clone(), seq.clone(), 0..45usize).prop_map(|(w, s, i)| Op::Remove(w, s, i)),
+            1 => (w.clone(), seq, 0..45usize, 1..45usize).prop_map(|(w, s, f, n)| Op::RemoveRange(w, s, f, n)),
             1 => w.prop_map(Op::Clear),
             5 => (0..5u32, 1..45usize).prop_map(|(s, n)| Op::Match(s, n)),
             1 => Just(Op::Prune),
@@ -2113,7 +2132,8 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
         /// Random interleavings (holes mid-chain, clears, removals of unknown blocks, TTL
-        /// pruning, two shards) answer exactly like the brute-force reference. Holes leave
+        /// pruning, two shards, blocks stored twice under different engine hashes) answer
+        /// exactly like the brute-force reference. Holes leave
         /// ghosts that re-stores revive; range removals free ghosts and shrink slabs, so
         /// records are reused; `holds` and `engine_hashes` follow a model of held blocks.
         #[test]
@@ -2129,7 +2149,7 @@ mod tests {
                     Op::Store(wk, s, f, n) => {
                         // Only from a held parent (or the root) so both accept or both reject.
                         let parent_held = f == 0 || model.contains(&(wk, ehash(s, f - 1)));
-                        store(&mut w, &mut r, wk, s, f, n);
+                        store_as(&mut w, &mut r, wk, s, s % ALIAS, f, n);
                         if parent_held {
                             model.extend((f..f + n).map(|i| (wk, ehash(s, i))));
                         }
@@ -2175,7 +2195,7 @@ mod tests {
                 got.sort_unstable();
                 let want: Vec<u64> = model.range((wk, 0)..=(wk, u64::MAX)).map(|&(_, h)| h).collect();
                 prop_assert_eq!(&got, &want);
-                for s in 0..5 {
+                for s in (0..5).chain(ALIAS..ALIAS + 5) {
                     for i in 0..45 {
                         let h = ehash(s, i);
                         prop_assert_eq!(x.holds(wk, h), model.contains(&(wk, h)));
