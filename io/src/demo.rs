@@ -379,8 +379,7 @@ fn routing_note(metrics: &str) -> String {
     line
 }
 
-/// KV-event fault counters summed over every stream (size mismatches include length
-/// mismatches).
+/// KV-event fault counters summed over every stream.
 fn event_totals(ix: &kvroute_core::events::EventIndex) -> kvroute_core::events::StreamStats {
     let mut t = kvroute_core::events::StreamStats::default();
     for (_, s) in ix.stats() {
@@ -389,7 +388,7 @@ fn event_totals(ix: &kvroute_core::events::EventIndex) -> kvroute_core::events::
     t
 }
 
-/// Adds the fault counters of `s` to `t` (size mismatches include length mismatches).
+/// Adds the fault counters of `s` to `t`.
 fn add_stats(t: &mut kvroute_core::events::StreamStats, s: &kvroute_core::events::StreamStats) {
     t.batches += s.batches;
     t.events += s.events;
@@ -401,10 +400,12 @@ fn add_stats(t: &mut kvroute_core::events::StreamStats, s: &kvroute_core::events
     t.decode_errors += s.decode_errors;
     t.orphans += s.orphans;
     t.orphan_replays += s.orphan_replays;
-    t.size_mismatches += s.size_mismatches + s.length_mismatches;
+    t.size_mismatches += s.size_mismatches;
+    t.length_mismatches += s.length_mismatches;
 }
 
-/// One line of the fault counters of [`event_totals`].
+/// One line of the fault counters of [`event_totals`] (size mismatches include length
+/// mismatches).
 fn events_note(t: &kvroute_core::events::StreamStats) -> String {
     format!(
         "{EVENTS_RUN}: {} batches, {} events, gaps {}, replays {}, unrecoverable {}, restarts {}, \
@@ -419,7 +420,7 @@ fn events_note(t: &kvroute_core::events::StreamStats) -> String {
         t.decode_errors,
         t.orphans,
         t.orphan_replays,
-        t.size_mismatches
+        t.size_mismatches + t.length_mismatches
     )
 }
 
@@ -474,7 +475,8 @@ async fn index_drift(ix: &crate::zmq::SharedEvents, urls: &[String]) -> anyhow::
     }
 }
 
-/// The `"kv_events"` object of a run on events: [`event_totals`] and [`Drift`].
+/// The `"kv_events"` object of a run on events: [`event_totals`] (size mismatches include
+/// length mismatches) and [`Drift`].
 fn events_json(t: &kvroute_core::events::StreamStats, d: &Drift) -> serde_json::Value {
     serde_json::json!({
         "batches": t.batches,
@@ -487,7 +489,7 @@ fn events_json(t: &kvroute_core::events::StreamStats, d: &Drift) -> serde_json::
         "decode_errors": t.decode_errors,
         "orphans": t.orphans,
         "orphan_replays": t.orphan_replays,
-        "size_mismatches": t.size_mismatches,
+        "size_mismatches": t.size_mismatches + t.length_mismatches,
         "phantom_blocks": d.phantom,
         "missed_blocks": d.missed,
         "cached_blocks": d.cached,

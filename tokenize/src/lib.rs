@@ -7,8 +7,9 @@
 //!   `apply_chat_template` reference does (checked against `transformers` fixtures in
 //!   `tokenize/fixtures/`).
 //! - [`IncrementalTokenizer`]: exact ids for a rendered prompt at a cost that grows with the
-//!   part not seen before (an LRU of prefix ids per model, shared by the shards, cut at template special tokens and,
-//!   for recognised byte-level BPE pipelines, at provably safe points inside plain text).
+//!   part not seen before (an LRU of prefix ids per model, shared by the shards, cut at
+//!   template special tokens and, for recognised byte-level BPE pipelines, at provably safe
+//!   points inside plain text).
 //! - [`blocks`]: cache-partition namespaces and media keys (the chained xxh3 block keys
 //!   themselves have one implementation, `kvroute_index::keys`).
 //!
