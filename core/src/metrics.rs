@@ -10,6 +10,8 @@
 //! | `kvroute_token_source_total` | counter | `source` (`none`, `body`, `header`, `prompt`) |
 //! | `kvroute_routing_tokens_rejected_total` | counter | `reason` (`too_long`, `too_many`, `malformed`) |
 //! | `kvroute_tokenize_tokens_total` | counter | `how` (`reused`, `encoded`) |
+//! | `kvroute_hit_tokens_total` | counter | `worker`, `kind` (`predicted`, `served`, `phantom`, `unannounced`) |
+//! | `kvroute_unannounced_hits_total` | counter | `worker` |
 //! | `kvroute_request_duration_seconds` | histogram | — |
 //! | `kvroute_worker_in_flight` | gauge | `worker` (read from [`Workers`] at scrape time) |
 
@@ -34,6 +36,8 @@ pub struct Metrics {
     token_sources: Family<Labels, Counter>,
     header_rejected: Family<Labels, Counter>,
     tokenize_tokens: Family<Labels, Counter>,
+    hit_tokens: Family<Labels, Counter>,
+    unannounced_hits: Family<Labels, Counter>,
     duration: Histogram,
     in_flight: Family<Labels, Gauge>,
 }
@@ -56,6 +60,21 @@ impl Metrics {
         let token_sources = Family::<Labels, Counter>::default();
         let header_rejected = Family::<Labels, Counter>::default();
         let tokenize_tokens = Family::<Labels, Counter>::default();
+        let hit_tokens = Family::<Labels, Counter>::default();
+        let unannounced_hits = Family::<Labels, Counter>::default();
+        registry.register(
+            "kvroute_hit_tokens",
+            "Cache hits: prompt tokens the router predicted the worker holds, the tokens the \
+             engine served from its cache (usage.prompt_tokens_details.cached_tokens), and the \
+             shortfall (phantom) and excess (unannounced) of served against predicted",
+            hit_tokens.clone(),
+        );
+        registry.register(
+            "kvroute_unannounced_hits",
+            "Cache hits where the engine served more cached tokens than the router predicted \
+             (bug-cases.md B37)",
+            unannounced_hits.clone(),
+        );
         registry.register(
             "kvroute_token_source",
             "Routed requests by where their token ids came from",
@@ -119,6 +138,8 @@ impl Metrics {
             token_sources,
             header_rejected,
             tokenize_tokens,
+            hit_tokens,
+            unannounced_hits,
             duration,
             in_flight,
         }
@@ -181,6 +202,32 @@ impl Metrics {
             self.tokenize_tokens
                 .get_or_create(&vec![("how", "encoded".to_string())])
                 .inc_by(total.saturating_sub(reused) as u64);
+        }
+    }
+
+    /// One cache hit's outcome on `worker`: the router `predicted` that many prompt tokens
+    /// cached ([`crate::policy::Reason::predicted_cached_tokens`]) and the engine `served`
+    /// that many from its cache (its response's `cached_tokens`). Adds both, the phantom
+    /// shortfall `max(0, predicted − served)` and the unannounced excess
+    /// `max(0, served − predicted)`, and counts an unannounced hit when the excess is > 0:
+    /// a prefix the engine held but the index did not know (bug-cases.md B37), tokens.
+    pub fn on_hit_outcome(&self, worker: &str, predicted: u64, served: u64) {
+        let add = |kind: &str, v: u64| {
+            self.hit_tokens
+                .get_or_create(&vec![
+                    ("worker", worker.to_string()),
+                    ("kind", kind.to_string()),
+                ])
+                .inc_by(v);
+        };
+        add("predicted", predicted);
+        add("served", served);
+        add("phantom", predicted.saturating_sub(served));
+        add("unannounced", served.saturating_sub(predicted));
+        if served > predicted {
+            self.unannounced_hits
+                .get_or_create(&vec![("worker", worker.to_string())])
+                .inc();
         }
     }
 
@@ -275,6 +322,32 @@ mod tests {
         );
         assert!(
             text.contains("kvroute_request_duration_seconds_count 1"),
+            "{text}"
+        );
+    }
+
+    /// Phantom and unannounced are the two sides of served − predicted; an unannounced hit is
+    /// counted only when the engine served more than predicted (B37).
+    #[test]
+    fn hit_outcomes_split_into_phantom_and_unannounced() {
+        let m = Metrics::new();
+        let w = Workers::new(&["http://a:1".into()]).unwrap();
+        m.on_hit_outcome("http://a:1", 1024, 512); // 512 evicted after the decision
+        m.on_hit_outcome("http://a:1", 256, 768); // 512 the index did not know
+        m.on_hit_outcome("http://a:1", 64, 64);
+        let text = m.encode(&w);
+        for (kind, v) in [
+            ("predicted", 1344),
+            ("served", 1344),
+            ("phantom", 512),
+            ("unannounced", 512),
+        ] {
+            let line =
+                format!("kvroute_hit_tokens_total{{worker=\"http://a:1\",kind=\"{kind}\"}} {v}");
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(
+            text.contains("kvroute_unannounced_hits_total{worker=\"http://a:1\"} 1"),
             "{text}"
         );
     }

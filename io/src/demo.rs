@@ -57,7 +57,9 @@ pub struct DemoArgs {
     /// Write the comparison as JSON to this file (`replay::comparison_json`; a run on KV
     /// events also carries `"kv_events"`: the fault counters summed over streams and the
     /// phantom / missed blocks of the router's index against the engines after the run, summed
-    /// over replicas).
+    /// over replicas; a cache-aware run carries `"hit_tokens"`: on its hits, the prompt tokens
+    /// the router predicted cached against those the engines served, with the phantom
+    /// shortfall and unannounced excess, tokens).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Simulated engines to start.
@@ -232,7 +234,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let rt = tokio_runtime()?;
     let mut reports = Vec::new();
     let mut notes = Vec::new();
-    let mut kv_events: Vec<(String, serde_json::Value)> = Vec::new();
+    // (policy, field, value) added to that policy's entry in the `--out` JSON.
+    let mut extras: Vec<(String, &str, serde_json::Value)> = Vec::new();
     for name in &args.policies {
         let on_events = name == EVENTS_RUN;
         let on_tokens = on_events || name == TOKENS_RUN;
@@ -288,6 +291,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             .map(|s| s.shared().metrics.encode(&s.shared().workers))
             .collect();
         notes.push(format!("{name}: {}", routing_note(&metrics)));
+        if let Some(h) = HitTokens::from_metrics(&metrics) {
+            extras.push((name.clone(), "hit_tokens", serde_json::to_value(h)?));
+        }
         let indexes: Vec<_> = servers
             .iter()
             .filter_map(|s| s.shared().events.clone())
@@ -313,7 +319,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                  {} of {} cached blocks",
                 drift.phantom, drift.missed, drift.cached
             ));
-            kv_events.push((name.clone(), events_json(&totals, &drift)));
+            extras.push((name.clone(), "kv_events", events_json(&totals, &drift)));
         }
         for s in servers {
             s.shutdown();
@@ -328,10 +334,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     if let Some(out) = &args.out {
         std::fs::write(
             out,
-            serde_json::to_vec_pretty(&with_kv_events(
-                replay::comparison_json(&reports),
-                kv_events,
-            ))?,
+            serde_json::to_vec_pretty(&with_extras(replay::comparison_json(&reports), extras))?,
         )
         .with_context(|| format!("writing {}", out.display()))?;
     }
@@ -376,7 +379,49 @@ fn routing_note(metrics: &str) -> String {
             100.0 * get("reused") / total
         ));
     }
+    if let Some(h) = HitTokens::from_metrics(metrics) {
+        line.push_str(&format!(
+            "; on hits the router predicted {} cached tokens, engines served {}: phantom {} \
+             ({:.1} % of predicted), unannounced {} in {} hits",
+            h.predicted,
+            h.served,
+            h.phantom,
+            100.0 * h.phantom as f64 / h.predicted.max(1) as f64,
+            h.unannounced,
+            h.unannounced_hits,
+        ));
+    }
     line
+}
+
+/// The routers' predictions on cache hits against what the engines served, summed over
+/// workers (and replicas), tokens: `kvroute_hit_tokens_total` by kind and
+/// `kvroute_unannounced_hits_total` (see [`kvroute_core::metrics::Metrics::on_hit_outcome`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+struct HitTokens {
+    predicted: u64,
+    served: u64,
+    phantom: u64,
+    unannounced: u64,
+    unannounced_hits: u64,
+}
+
+impl HitTokens {
+    /// Read from Prometheus text; `None` when no hit had a usage report.
+    fn from_metrics(metrics: &str) -> Option<Self> {
+        let kinds = sum_by_label(metrics, "kvroute_hit_tokens_total", "kind");
+        let get = |k: &str| kinds.iter().find(|(h, _)| h == k).map_or(0, |e| e.1 as u64);
+        (!kinds.is_empty()).then(|| Self {
+            predicted: get("predicted"),
+            served: get("served"),
+            phantom: get("phantom"),
+            unannounced: get("unannounced"),
+            unannounced_hits: sum_by_label(metrics, "kvroute_unannounced_hits_total", "worker")
+                .iter()
+                .map(|e| e.1 as u64)
+                .sum(),
+        })
+    }
 }
 
 /// KV-event fault counters summed over every stream.
@@ -496,19 +541,20 @@ fn events_json(t: &kvroute_core::events::StreamStats, d: &Drift) -> serde_json::
     })
 }
 
-/// `report` (`{"policies": [...]}`) with each run named in `kv_events` given its object.
-fn with_kv_events(
+/// `report` (from [`replay::comparison_json`]) with each `(policy, field, value)` of `extras`
+/// set as `field` on that policy's entry.
+fn with_extras(
     mut report: serde_json::Value,
-    kv_events: Vec<(String, serde_json::Value)>,
+    extras: Vec<(String, &str, serde_json::Value)>,
 ) -> serde_json::Value {
-    for (name, v) in kv_events {
+    for (name, field, v) in extras {
         if let Some(run) = report["policies"]
             .as_array_mut()
             .into_iter()
             .flatten()
             .find(|r| r["policy"] == name.as_str())
         {
-            run["kv_events"] = v;
+            run[field] = v;
         }
     }
     report

@@ -411,7 +411,14 @@ async fn proxy(
         started.elapsed().as_secs_f64(),
     );
     match end {
-        RelayEnd::Complete { reusable } => {
+        RelayEnd::Complete { reusable, usage } => {
+            if let Some(u) = usage
+                && let Some(predicted) = decision.reason.predicted_cached_tokens(u.prompt_tokens)
+            {
+                shared
+                    .metrics
+                    .on_hit_outcome(&target.url, predicted, u.cached_tokens);
+            }
             if reusable {
                 pool.put(target.id, upstream_conn);
             }

@@ -21,6 +21,8 @@ pub enum RelayEnd {
     Complete {
         /// The worker connection ended cleanly and may serve another request.
         reusable: bool,
+        /// The response's `usage` token counts, when its last [`USAGE_TAIL_BYTES`] held them.
+        usage: Option<Usage>,
     },
     /// The client went away (write failed); the worker connection was dropped.
     ClientGone,
@@ -32,8 +34,65 @@ pub enum RelayEnd {
 /// Size of one relay read, in bytes.
 const RELAY_READ_BYTES: usize = 16 * 1024;
 
+/// Bytes kept from the end of a response body to read its `usage` object: vLLM and SGLang put
+/// it in the last SSE event before `data: [DONE]` (with `stream_options.include_usage`) or near
+/// the end of a JSON body, a few hundred bytes either way.
+pub const USAGE_TAIL_BYTES: usize = 4 * 1024;
+
+/// Token counts of an OpenAI-style `usage` object, tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: u64,
+    /// `usage.prompt_tokens_details.cached_tokens`: prompt tokens the engine served from its
+    /// prefix cache.
+    pub cached_tokens: u64,
+}
+
+impl Usage {
+    /// The last `"prompt_tokens"` and `"cached_tokens"` numbers in `tail` (the end of a body,
+    /// chunk framing and SSE included). `None` unless both are present as plain integers: a
+    /// `null` `cached_tokens` (prefix caching off) or a usage cut by [`USAGE_TAIL_BYTES`] is
+    /// no report. A number split by a chunk-size line (an SSE event spread over two HTTP
+    /// chunks, which vLLM and SGLang do not send) reads short or as absent.
+    pub fn parse(tail: &[u8]) -> Option<Self> {
+        let number = |key: &[u8]| -> Option<u64> {
+            let at = memchr::memmem::rfind(tail, key)? + key.len();
+            let rest = tail[at..].trim_ascii_start().strip_prefix(b":")?;
+            let rest = rest.trim_ascii_start();
+            let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+            std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()
+        };
+        Some(Self {
+            prompt_tokens: number(b"\"prompt_tokens\"")?,
+            cached_tokens: number(b"\"cached_tokens\"")?,
+        })
+    }
+}
+
+/// The last [`USAGE_TAIL_BYTES`] bytes pushed (kept in a buffer of at most twice that, so a
+/// push moves at most [`USAGE_TAIL_BYTES`] bytes).
+#[derive(Debug, Default)]
+struct Tail(Vec<u8>);
+
+impl Tail {
+    fn push(&mut self, bytes: &[u8]) {
+        let bytes = &bytes[bytes.len().saturating_sub(USAGE_TAIL_BYTES)..];
+        if self.0.len() + bytes.len() > 2 * USAGE_TAIL_BYTES {
+            let keep = USAGE_TAIL_BYTES - bytes.len();
+            self.0.drain(..self.0.len() - keep);
+        }
+        self.0.extend_from_slice(bytes);
+    }
+
+    fn last(&self) -> &[u8] {
+        &self.0[self.0.len().saturating_sub(USAGE_TAIL_BYTES)..]
+    }
+}
+
 /// Writes the response head (hop-by-hop headers removed, `x-kvroute-worker` added) and relays
-/// the body until it ends, the client goes away, or `deadline` passes.
+/// the body until it ends, the client goes away, or `deadline` passes. A complete relay
+/// reports the body's [`Usage`] (read from its last [`USAGE_TAIL_BYTES`]; bytes unchanged).
 pub async fn relay(
     client: &mut Conn,
     upstream: &mut Conn,
@@ -65,6 +124,8 @@ pub async fn relay(
     let mut body = Body::new(head.framing);
     // Body bytes that arrived with the head go out in the same write as the head.
     let first = upstream.take_buffered();
+    let mut tail = Tail::default();
+    tail.push(&first);
     let status = body.push(&first, &mut out);
     let mut upstream_ok = head.keep_alive;
     match status {
@@ -107,6 +168,7 @@ pub async fn relay(
                 return RelayEnd::UpstreamFailed;
             }
         } else {
+            tail.push(&read_buf[..n]);
             match body.push(&read_buf[..n], &mut out) {
                 Ok(true) => {}
                 Ok(false) => upstream_ok = false,
@@ -121,6 +183,7 @@ pub async fn relay(
     }
     RelayEnd::Complete {
         reusable: upstream_ok,
+        usage: Usage::parse(tail.last()),
     }
 }
 
@@ -185,5 +248,85 @@ impl Body {
                 Ok(true)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// vLLM's last streamed event with `stream_options.include_usage`, chunk-framed.
+    const VLLM_END: &str = "5e\r\ndata: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"prompt_tokens\"}}]}\n\n\r\n\
+        a1\r\ndata: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\": 8211,\"total_tokens\":8311,\
+        \"completion_tokens\":100,\"prompt_tokens_details\":{\"cached_tokens\":7168}}}\n\n\r\n\
+        e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
+
+    #[test]
+    fn usage_of_a_streamed_and_a_json_response() {
+        let want = Usage {
+            prompt_tokens: 8211,
+            cached_tokens: 7168,
+        };
+        assert_eq!(Usage::parse(VLLM_END.as_bytes()), Some(want));
+        let json = br#"{"choices":[{"text":"x"}],"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":0},"completion_tokens":3}}"#;
+        assert_eq!(
+            Usage::parse(json),
+            Some(Usage {
+                prompt_tokens: 12,
+                cached_tokens: 0
+            })
+        );
+    }
+
+    #[test]
+    fn no_usage_without_both_numbers() {
+        let null = br#"{"usage":{"prompt_tokens":12,"prompt_tokens_details":null}}"#;
+        assert_eq!(Usage::parse(null), None);
+        let off =
+            br#"{"usage":{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":null}}}"#;
+        assert_eq!(Usage::parse(off), None);
+        assert_eq!(Usage::parse(b"data: [DONE]\n\n"), None);
+        assert_eq!(Usage::parse(br#"{"cached_tokens":"#), None);
+    }
+
+    /// The tail equals the last `USAGE_TAIL_BYTES` of everything pushed, for pushes of every
+    /// size around the limit (brute force against the concatenation).
+    #[test]
+    fn tail_keeps_the_last_bytes() {
+        let sizes = [
+            1,
+            7,
+            200,
+            USAGE_TAIL_BYTES - 1,
+            USAGE_TAIL_BYTES,
+            USAGE_TAIL_BYTES + 3,
+        ];
+        for (k, &a) in sizes.iter().enumerate() {
+            for &b in &sizes[k..] {
+                let mut tail = Tail::default();
+                let mut all = Vec::new();
+                for i in 0..40u32 {
+                    let n = if i % 2 == 0 { a } else { b };
+                    let piece: Vec<u8> = (0..n).map(|j| (i as usize * 31 + j) as u8).collect();
+                    tail.push(&piece);
+                    all.extend_from_slice(&piece);
+                    assert_eq!(
+                        tail.last(),
+                        &all[all.len().saturating_sub(USAGE_TAIL_BYTES)..]
+                    );
+                    assert!(tail.0.len() <= 2 * USAGE_TAIL_BYTES);
+                }
+            }
+        }
+        // A usage object split over two reads is whole in the tail.
+        let cut = VLLM_END.find("cached_").unwrap() + 4;
+        let (x, y) = VLLM_END.as_bytes().split_at(cut);
+        let mut tail = Tail::default();
+        tail.push(x);
+        tail.push(y);
+        assert_eq!(
+            Usage::parse(tail.last()).map(|u| u.cached_tokens),
+            Some(7168)
+        );
     }
 }

@@ -51,6 +51,16 @@ fn short_demo_serves_everything_and_the_event_index_matches_the_engines() {
             (r["requests"].as_u64(), r["errors"].as_u64()),
             (Some(30), Some(0))
         );
+        // On hits, the router's prediction against the engines' `cached_tokens` (B37): the
+        // counters balance, and the engines served something on hits.
+        let h = &r["hit_tokens"];
+        let n = |k: &str| h[k].as_i64().unwrap_or_else(|| panic!("{k} in {h}"));
+        assert_eq!(
+            n("predicted") - n("served"),
+            n("phantom") - n("unannounced"),
+            "{h}"
+        );
+        assert!(n("served") > 0 && n("predicted") > 0, "{h}");
         // Conversations come back for more turns: a cache-aware router must reuse prefixes.
         let hit = r["hit_rate"].as_f64().unwrap();
         assert!(hit > 0.3 && hit < 1.0, "{}: hit rate {hit}", r["policy"]);

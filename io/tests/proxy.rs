@@ -176,6 +176,7 @@ fn cache_aware_keeps_a_conversation_and_misses_on_a_shared_system_prompt() {
         {"role": "system", "content": system}, {"role": "user", "content": user1},
         {"role": "assistant", "content": r1.json()["choices"][0]["message"]["content"]},
         {"role": "user", "content": "And in Asia?"}]});
+    let mut served = 0.0;
     for _ in 0..3 {
         let r2 = post(addr, "/v1/chat/completions", &turn2);
         assert_eq!(
@@ -183,7 +184,25 @@ fn cache_aware_keeps_a_conversation_and_misses_on_a_shared_system_prompt() {
             Some(w1.as_str()),
             "turn 2 follows turn 1"
         );
+        served += r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_f64()
+            .unwrap();
     }
+    // The router read each hit's `cached_tokens` from the relayed body (B37's counters).
+    let metrics = get(addr, "/metrics").text();
+    let hit_tokens = |kind: &str| {
+        metric(
+            &metrics,
+            &format!("kvroute_hit_tokens_total{{worker=\"{w1}\",kind=\"{kind}\"}}"),
+        )
+        .unwrap_or_else(|| panic!("{kind}: {metrics}"))
+    };
+    assert!(served > 0.0);
+    assert_eq!(hit_tokens("served"), served, "{metrics}");
+    assert_eq!(
+        hit_tokens("predicted") - hit_tokens("served"),
+        hit_tokens("phantom") - hit_tokens("unannounced")
+    );
     // Hold a long stream open on w1 so the loads differ: a miss must go to the other worker,
     // while a (wrong) hit on the shared system prompt would stay on w1 (not hot: 1 < 64).
     let long = serde_json::to_vec(&json!({"model": "m", "max_tokens": 2000, "stream": true, "messages": [

@@ -68,6 +68,18 @@ impl Reason {
             Reason::Spill => "spill",
         }
     }
+
+    /// The prefix the router expects the chosen worker to serve from its KV cache, tokens:
+    /// `matched_tokens` for a token hit; for a text hit, `ratio × prompt_tokens` (the matched
+    /// share of the prompt's chars applied to its tokens, rounded), with `prompt_tokens` from
+    /// the engine's `usage`. `None` for every other reason: no overlap was predicted.
+    pub fn predicted_cached_tokens(&self, prompt_tokens: u64) -> Option<u64> {
+        match *self {
+            Reason::TokenHit { matched_tokens, .. } => Some(matched_tokens as u64),
+            Reason::CacheHit { ratio, .. } => Some((ratio * prompt_tokens as f64).round() as u64),
+            _ => None,
+        }
+    }
 }
 
 /// A routing decision.

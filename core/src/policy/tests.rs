@@ -315,6 +315,31 @@ fn reason_labels() {
     );
 }
 
+/// Only hits predict a cached prefix: tokens as matched, text as its char ratio of the
+/// engine's prompt tokens.
+#[test]
+fn hits_predict_their_cached_tokens() {
+    let token = Reason::TokenHit {
+        matched_tokens: 4096,
+        ratio: 0.5,
+    };
+    let text = Reason::CacheHit {
+        matched_chars: 300,
+        ratio: 0.75,
+    };
+    assert_eq!(token.predicted_cached_tokens(9_999), Some(4096));
+    assert_eq!(text.predicted_cached_tokens(1_000), Some(750));
+    assert_eq!(text.predicted_cached_tokens(3), Some(2)); // 2.25 rounds down
+    for r in [
+        Reason::CacheMiss,
+        Reason::Spill,
+        Reason::RoundRobin,
+        Reason::LeastRequest,
+    ] {
+        assert_eq!(r.predicted_cached_tokens(1_000), None, "{r:?}");
+    }
+}
+
 #[test]
 fn router_is_shared_across_threads() {
     fn send_sync<T: Send + Sync>() {}
