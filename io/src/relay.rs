@@ -2,7 +2,8 @@
 //!
 //! The body bytes pass through unchanged (a chunked SSE stream stays chunked, chunk for
 //! chunk); kvroute only tracks the framing to know where the body ends, so the worker
-//! connection can go back to the pool. Backpressure is structural: the next read from the
+//! connection can go back to the pool, and keeps the body's last [`USAGE_TAIL_BYTES`] to read
+//! its `usage` (prompt and cached tokens) once it has ended. Backpressure is structural: the next read from the
 //! worker starts only after the previous bytes were written to the client, so a slow client
 //! holds at most one read buffer (16 KiB) of the response in the router (bug-cases.md B41).
 //! A failed client write drops the worker connection, which closes the upstream request: the
