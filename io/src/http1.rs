@@ -29,7 +29,9 @@ const HOP_BY_HOP: &[&str] = &[
     "expect",
 ];
 
-/// True when `name` (any case) must not be forwarded; see [`HOP_BY_HOP`].
+/// True when `name` (any case) must not be forwarded: a hop-by-hop field (RFC 9110 §7.6.1,
+/// plus `proxy-connection` and `keep-alive`) or one kvroute rewrites itself
+/// (`content-length`, `transfer-encoding`, `host`).
 pub fn is_hop_by_hop(name: &str) -> bool {
     HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
 }
