@@ -54,7 +54,9 @@ impl Usage {
     /// The last `"prompt_tokens"` and `"cached_tokens"` numbers in `tail` (the end of a body,
     /// chunk framing and SSE included). `None` unless both are present as plain integers: a
     /// `null` `cached_tokens` (prefix caching off) or a usage cut by [`USAGE_TAIL_BYTES`] is
-    /// no report. A number split by a chunk-size line (an SSE event spread over two HTTP
+    /// no report, and so is a response without the field (vLLM sends it only with
+    /// `--enable-prompt-tokens-details`, SGLang only with `--enable-cache-report`,
+    /// engine-model.md §6). A number split by a chunk-size line (an SSE event spread over two HTTP
     /// chunks, which vLLM and SGLang do not send) reads short or as absent.
     pub fn parse(tail: &[u8]) -> Option<Self> {
         let number = |key: &[u8]| -> Option<u64> {
