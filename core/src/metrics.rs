@@ -14,6 +14,7 @@
 //! | `kvroute_unannounced_hits_total` | counter | `worker` |
 //! | `kvroute_request_duration_seconds` | histogram | — |
 //! | `kvroute_worker_in_flight` | gauge | `worker` (read from [`Workers`] at scrape time) |
+//! | `kvroute_worker_foreign_requests` | gauge | `worker` (the last engine load report's requests from elsewhere) |
 
 use crate::workers::Workers;
 use prometheus_client::encoding::text::encode;
@@ -40,6 +41,7 @@ pub struct Metrics {
     unannounced_hits: Family<Labels, Counter>,
     duration: Histogram,
     in_flight: Family<Labels, Gauge>,
+    foreign: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -93,6 +95,13 @@ impl Metrics {
         // 1 ms … ~33 min in ×2 steps: TTFT-scale to long generations.
         let duration = Histogram::new(exponential_buckets(0.001, 2.0, 22));
         let in_flight = Family::<Labels, Gauge>::default();
+        let foreign = Family::<Labels, Gauge>::default();
+        registry.register(
+            "kvroute_worker_foreign_requests",
+            "Requests the engine runs or queues that this router did not send, from its last \
+             load report (0 when load reports are off)",
+            foreign.clone(),
+        );
         registry.register(
             "kvroute_requests",
             "Responses sent, by route and status",
@@ -142,6 +151,7 @@ impl Metrics {
             unannounced_hits,
             duration,
             in_flight,
+            foreign,
         }
     }
 
@@ -239,12 +249,16 @@ impl Metrics {
             .inc();
     }
 
-    /// Prometheus text exposition of everything, in-flight gauges read from `workers` now.
+    /// Prometheus text exposition of everything, in-flight and foreign gauges read from
+    /// `workers` now.
     pub fn encode(&self, workers: &Workers) -> String {
         for w in workers.iter() {
             self.in_flight
                 .get_or_create(&vec![("worker", w.url.clone())])
                 .set(w.in_flight() as i64);
+            self.foreign
+                .get_or_create(&vec![("worker", w.url.clone())])
+                .set(w.foreign() as i64);
         }
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);

@@ -22,6 +22,9 @@ pub struct Worker {
     pub(crate) in_flight: AtomicUsize,
     /// Requests ever sent.
     pub(crate) processed: AtomicU64,
+    /// Requests the engine runs or queues that this router did not send (other router
+    /// replicas, direct clients), from its last load report; 0 without reports.
+    foreign: AtomicUsize,
 }
 
 impl Worker {
@@ -33,6 +36,22 @@ impl Worker {
     /// Requests ever sent.
     pub fn processed(&self) -> u64 {
         self.processed.load(Ordering::Relaxed)
+    }
+
+    /// Requests on the engine that this router did not send, from its last load report.
+    pub fn foreign(&self) -> usize {
+        self.foreign.load(Ordering::Relaxed)
+    }
+
+    /// Records a load report: the engine runs or queues `engine_requests` (running +
+    /// waiting, [`crate::load::engine_requests`]). The foreign part is what exceeds this
+    /// router's own in-flight count now, clamped at 0: requests still on their way to the
+    /// engine, or relaying their last bytes from it, make it read low, never high. `None`
+    /// (no report, or a failed poll) forgets the last one, so a dark engine is counted on
+    /// this router's own requests only.
+    pub fn report(&self, engine_requests: Option<usize>) {
+        let foreign = engine_requests.map_or(0, |n| n.saturating_sub(self.in_flight()));
+        self.foreign.store(foreign, Ordering::Relaxed);
     }
 }
 
@@ -66,6 +85,7 @@ impl Workers {
                     port,
                     in_flight: AtomicUsize::new(0),
                     processed: AtomicU64::new(0),
+                    foreign: AtomicUsize::new(0),
                 }))
             })
             .collect::<Result<_, CoreError>>()?;
@@ -95,9 +115,14 @@ impl Workers {
         self.list.iter().map(|w| w.as_ref())
     }
 
-    /// Snapshot of in-flight counts, by worker id (the load input of every policy).
+    /// Snapshot of loads, by worker id (the load input of every policy): requests this
+    /// router has in flight, plus the foreign requests of the last load report
+    /// ([`Worker::report`]; 0 when load reports are off).
     pub fn loads(&self) -> Vec<usize> {
-        self.list.iter().map(|w| w.in_flight()).collect()
+        self.list
+            .iter()
+            .map(|w| w.in_flight() + w.foreign())
+            .collect()
     }
 
     /// Checks invariants 1 and 2 (3 is checked by the guard tests).
@@ -158,6 +183,25 @@ mod tests {
         drop((g1, g3));
         assert_eq!(w.loads(), vec![0, 0]);
         assert_eq!(w.get(0).processed(), 2);
+    }
+
+    /// A report adds what the engine holds beyond this router's own requests; our in-flight
+    /// requests are never counted twice, and a failed poll forgets the report.
+    #[test]
+    fn load_reports_add_foreign_requests_once() {
+        let w = two();
+        let g = w.acquire(0);
+        w.get(0).report(Some(5)); // 1 of ours + 4 from elsewhere
+        w.get(1).report(Some(2));
+        assert_eq!(w.loads(), vec![5, 2]);
+        let h = w.acquire(0); // ours, sent after the report
+        assert_eq!(w.loads(), vec![6, 2]);
+        w.get(0).report(Some(1)); // fewer than ours: still on the way, clamped at 0
+        assert_eq!((w.get(0).foreign(), w.loads()), (0, vec![2, 2]));
+        w.get(1).report(None);
+        assert_eq!(w.loads(), vec![2, 0]);
+        drop((g, h));
+        assert_eq!(w.loads(), vec![0, 0]);
     }
 
     #[test]

@@ -86,6 +86,10 @@ pub struct DemoArgs {
     /// L4 load balancer in front of a highly available router tier.
     #[arg(long, default_value_t = DEMO_REPLICAS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
     pub replicas: usize,
+    /// Engine load reports every this many ms (`kvroute serve --load-poll-ms`), 0 = off: with
+    /// replicas, each then counts the requests the others sent.
+    #[arg(long, default_value_t = kvroute_core::config::defaults::LOAD_POLL_MS)]
+    pub load_poll_ms: u64,
     /// Gateway shards per replica [default: the cores this process may use].
     #[arg(long)]
     pub shards: Option<usize>,
@@ -253,6 +257,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             workers: urls.clone(),
             policy,
             shards: args.shards,
+            load_poll_ms: args.load_poll_ms,
             ..Config::default()
         };
         if on_tokens {

@@ -14,8 +14,8 @@ use std::time::Duration;
 ///
 /// # Errors
 /// An invalid config (named field), a tokenizer that cannot be loaded, a worker host that does
-/// not resolve, a KV-event socket that cannot be created, or a listen address that cannot be
-/// bound.
+/// not resolve, a KV-event socket that cannot be created, a load-report thread
+/// (`load_poll_ms > 0`) that cannot be spawned, or a listen address that cannot be bound.
 pub fn start(cfg: Config, force_epoll: bool) -> anyhow::Result<Server> {
     let cfg = cfg.validate()?;
     let workers = Arc::new(Workers::new(&cfg.workers)?);
@@ -61,6 +61,12 @@ pub fn start(cfg: Config, force_epoll: bool) -> anyhow::Result<Server> {
         Some(index)
     };
     let tokenizers = Tokenizers::load(&cfg)?;
+    if cfg.load_poll_ms > 0 {
+        let every = Duration::from_millis(cfg.load_poll_ms);
+        // A poll must not outlast its interval by much: a stuck engine delays the others.
+        let timeout = every.min(Duration::from_millis(cfg.connect_timeout_ms));
+        crate::load_poll::start(&workers, targets.clone(), every, timeout)?;
+    }
     let shared = Shared {
         settings,
         policy_name: cfg.policy.as_str(),

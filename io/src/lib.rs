@@ -17,6 +17,7 @@ pub mod error;
 pub mod exchange;
 pub mod gateway;
 pub mod http1;
+pub mod load_poll;
 pub mod relay;
 pub mod shard;
 pub mod upstream;

@@ -108,6 +108,10 @@ struct ServeArgs {
     /// Time allowed to connect to a worker, ms (502 after).
     #[arg(long)]
     connect_timeout_ms: Option<u64>,
+    /// Read every worker's `/metrics` this often, ms, and add the requests it runs or queues
+    /// for others (other router replicas, direct clients) to its load; 0 = off.
+    #[arg(long)]
+    load_poll_ms: Option<u64>,
     /// Token tree budget per model, tokens.
     #[arg(long)]
     max_tree_size_tokens: Option<usize>,
@@ -190,6 +194,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.upstream_idle_timeout_ms {
             cfg.upstream_idle_timeout_ms = v;
+        }
+        if let Some(v) = self.load_poll_ms {
+            cfg.load_poll_ms = v;
         }
         if let Some(v) = self.connect_timeout_ms {
             cfg.connect_timeout_ms = v;
@@ -359,6 +366,7 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
             "connect_timeout_ms",
             defaults::CONNECT_TIMEOUT_MS.to_string(),
         ),
+        ("load_poll_ms", defaults::LOAD_POLL_MS.to_string()),
         (
             "max_tree_size_tokens",
             defaults::MAX_TREE_SIZE_TOKENS.to_string(),

@@ -254,6 +254,57 @@ fn cache_aware_keeps_a_conversation_and_misses_on_a_shared_system_prompt() {
     gw.shutdown();
 }
 
+/// B44: with load reports on, requests another client put on an engine count in the
+/// router's loads. Three long streams go straight to engine 0, around the router, as another
+/// router replica's would. least_request then sends every short request to engine 1; without
+/// reports the two engines look idle and each request would pick one at random. Once the
+/// streams end, the next report clears the foreign load.
+#[test]
+fn load_reports_count_requests_sent_around_the_router_b44() {
+    let engines: Vec<_> = (0..2).map(|i| engine_with(1.0, i)).collect();
+    let urls: Vec<String> = engines.iter().map(url_of).collect();
+    let gw = gateway_for(urls.clone(), PolicyKind::LeastRequest, |c| {
+        c.load_poll_ms = 20
+    });
+    let addr = gw.local_addr();
+    let long = serde_json::to_vec(&chat("Write a long essay.", true, 4000)).unwrap();
+    let mut around: Vec<_> = (0..3)
+        .map(|_| open_post(engines[0].addr, "/v1/chat/completions", &long))
+        .collect();
+    for s in &mut around {
+        let mut first = [0u8; 64];
+        assert!(s.read(&mut first).unwrap() > 0, "stream started");
+    }
+    assert!(
+        wait_until(Duration::from_secs(3), || gw.shared().workers.loads()
+            == vec![3, 0]),
+        "{:?}",
+        gw.shared().workers.loads()
+    );
+    for _ in 0..8 {
+        let r = post(addr, "/v1/chat/completions", &chat("hi", false, 2));
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-kvroute-worker"), Some(urls[1].as_str()));
+    }
+    let metrics = get(addr, "/metrics").text();
+    assert_eq!(
+        metric(
+            &metrics,
+            &format!("kvroute_worker_foreign_requests{{worker=\"{}\"}}", urls[0])
+        ),
+        Some(3.0),
+        "{metrics}"
+    );
+    drop(around);
+    assert!(
+        wait_until(Duration::from_secs(3), || gw.shared().workers.loads()
+            == vec![0, 0]),
+        "{:?}",
+        gw.shared().workers.loads()
+    );
+    gw.shutdown();
+}
+
 #[test]
 fn client_disconnect_mid_stream_releases_load_and_closes_upstream() {
     let eng = engine_with(1.0, 1);

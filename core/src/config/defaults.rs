@@ -20,6 +20,12 @@ pub const REQUEST_TIMEOUT_SECS: u64 = 1800;
 pub const UPSTREAM_IDLE_TIMEOUT_MS: u64 = 3_000;
 /// Time allowed to open a connection to a worker, ms; over → 502. Source: seed doc.
 pub const CONNECT_TIMEOUT_MS: u64 = 3_000;
+/// Interval of engine load reports, ms: every worker's `/metrics` is read this often and its
+/// running + waiting requests that this router did not send are added to its load. 0 = off
+/// (each router counts only its own requests, exact for a single router). SMG polls every
+/// 10 s (engine-model.md §7); with several router replicas, a poll well under a request's
+/// time in the engine keeps their views close (bug-cases.md B44).
+pub const LOAD_POLL_MS: u64 = 0;
 /// Routing policy. Source: SMG `--policy` default `cache_aware`.
 pub const POLICY: PolicyKind = PolicyKind::CacheAware;
 /// cache_aware: a match ratio (matched chars / request chars) strictly above this makes the

@@ -113,6 +113,8 @@ pub struct Config {
     pub upstream_idle_timeout_ms: u64,
     /// Connect timeout to a worker, ms ([`defaults::CONNECT_TIMEOUT_MS`]).
     pub connect_timeout_ms: u64,
+    /// Engine load reports every this many ms, 0 = off ([`defaults::LOAD_POLL_MS`]).
+    pub load_poll_ms: u64,
 }
 
 impl Default for Config {
@@ -140,6 +142,7 @@ impl Default for Config {
             request_timeout_secs: defaults::REQUEST_TIMEOUT_SECS,
             upstream_idle_timeout_ms: defaults::UPSTREAM_IDLE_TIMEOUT_MS,
             connect_timeout_ms: defaults::CONNECT_TIMEOUT_MS,
+            load_poll_ms: defaults::LOAD_POLL_MS,
         }
     }
 }
