@@ -46,10 +46,9 @@ const REQUEST_GAUGES: [&str; 6] = [
 
 /// Requests an engine runs or queues, from its Prometheus text `metrics` (vLLM's
 /// `vllm:num_requests_running` and `vllm:num_requests_waiting`, SGLang's `num_running_reqs`
-/// and `num_queue_reqs` under either prefix): the sum of every
-/// sample of these gauges over all label sets (one
-/// per DP rank or model), rounded. `None` when no such gauge appears (not an engine we know,
-/// or an error page): the load is then unknown, not 0.
+/// and `num_queue_reqs` under either prefix): the sum of every sample of these gauges over
+/// all label sets (one per DP rank or model), rounded. `None` when no such gauge appears (not
+/// an engine we know, or an error page): the load is then unknown, not 0.
 pub fn engine_requests(metrics: &str) -> Option<usize> {
     let mut total = None;
     for line in metrics.lines().filter(|l| !l.starts_with('#')) {
