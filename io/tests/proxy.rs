@@ -302,7 +302,19 @@ fn load_reports_count_requests_sent_around_the_router_b44() {
         "{:?}",
         gw.shared().workers.loads()
     );
+    // The kv-load thread ends with the gateway (it holds the registry weakly).
+    let kv_load_threads = || {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter(|t| {
+                std::fs::read_to_string(t.as_ref().unwrap().path().join("comm"))
+                    .is_ok_and(|c| c.trim() == "kv-load")
+            })
+            .count()
+    };
+    assert_eq!(kv_load_threads(), 1);
     gw.shutdown();
+    assert!(wait_until(Duration::from_secs(3), || kv_load_threads() == 0));
 }
 
 #[test]
