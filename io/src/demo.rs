@@ -307,7 +307,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             let mut totals = kvroute_core::events::StreamStats::default();
             let mut drift = Drift::default();
             for ix in &indexes {
-                add_stats(&mut totals, &event_totals(&crate::zmq::lock(ix)));
+                totals.add_counters(&event_totals(&crate::zmq::lock(ix)));
                 let d = rt.block_on(index_drift(ix, &urls))?;
                 drift.phantom += d.phantom;
                 drift.missed += d.missed;
@@ -365,6 +365,11 @@ fn sum_by_label(text: &str, metric: &str, label: &str) -> Vec<(String, f64)> {
     out
 }
 
+/// The value summed for label value `k` by [`sum_by_label`], 0 when absent.
+fn value_of(sums: &[(String, f64)], k: &str) -> f64 {
+    sums.iter().find(|(v, _)| v == k).map_or(0.0, |e| e.1)
+}
+
 /// One line of a run's routing decisions by reason and, in token mode, the router's
 /// tokenizer reuse, read from the gateway's `/metrics` text.
 fn routing_note(metrics: &str) -> String {
@@ -375,7 +380,7 @@ fn routing_note(metrics: &str) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     let tok = sum_by_label(metrics, "kvroute_tokenize_tokens_total", "how");
-    let get = |k: &str| tok.iter().find(|(h, _)| h == k).map_or(0.0, |e| e.1);
+    let get = |k: &str| value_of(&tok, k);
     let total = get("reused") + get("encoded");
     if total > 0.0 {
         line.push_str(&format!(
@@ -415,7 +420,7 @@ impl HitTokens {
     /// Read from Prometheus text; `None` when no hit had a usage report.
     fn from_metrics(metrics: &str) -> Option<Self> {
         let kinds = sum_by_label(metrics, "kvroute_hit_tokens_total", "kind");
-        let get = |k: &str| kinds.iter().find(|(h, _)| h == k).map_or(0, |e| e.1 as u64);
+        let get = |k: &str| value_of(&kinds, k) as u64;
         (!kinds.is_empty()).then(|| Self {
             predicted: get("predicted"),
             served: get("served"),
@@ -433,25 +438,9 @@ impl HitTokens {
 fn event_totals(ix: &kvroute_core::events::EventIndex) -> kvroute_core::events::StreamStats {
     let mut t = kvroute_core::events::StreamStats::default();
     for (_, s) in ix.stats() {
-        add_stats(&mut t, &s);
+        t.add_counters(&s);
     }
     t
-}
-
-/// Adds the fault counters of `s` to `t`.
-fn add_stats(t: &mut kvroute_core::events::StreamStats, s: &kvroute_core::events::StreamStats) {
-    t.batches += s.batches;
-    t.events += s.events;
-    t.gaps += s.gaps;
-    t.replays += s.replays;
-    t.unrecoverable_gaps += s.unrecoverable_gaps;
-    t.restarts += s.restarts;
-    t.duplicates += s.duplicates;
-    t.decode_errors += s.decode_errors;
-    t.orphans += s.orphans;
-    t.orphan_replays += s.orphan_replays;
-    t.size_mismatches += s.size_mismatches;
-    t.length_mismatches += s.length_mismatches;
 }
 
 /// One line of the fault counters of [`event_totals`] (size mismatches include length

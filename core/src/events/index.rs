@@ -121,6 +121,62 @@ pub struct StreamStats {
     pub over_capacity: u64,
 }
 
+impl StreamStats {
+    /// Adds every counter of `other` (streams, replicas) to `self`; `last_seq` and
+    /// `learned_block_size` describe one stream and stay as they are.
+    pub fn add_counters(&mut self, other: &StreamStats) {
+        // Exhaustive: a new field must be placed on one side or the other.
+        let StreamStats {
+            batches,
+            events,
+            gaps,
+            replays,
+            unrecoverable_gaps,
+            restarts,
+            duplicates,
+            decode_errors,
+            skipped_events,
+            orphans,
+            orphan_replays,
+            reapplied_batches,
+            length_mismatches,
+            declared_size_mismatches,
+            size_mismatches,
+            unknown_offloads,
+            unknown_removals,
+            self_references,
+            unknown_media,
+            rank_mismatches,
+            cleared,
+            over_capacity,
+            last_seq: _,
+            learned_block_size: _,
+        } = other;
+        self.batches += batches;
+        self.events += events;
+        self.gaps += gaps;
+        self.replays += replays;
+        self.unrecoverable_gaps += unrecoverable_gaps;
+        self.restarts += restarts;
+        self.duplicates += duplicates;
+        self.decode_errors += decode_errors;
+        self.skipped_events += skipped_events;
+        self.orphans += orphans;
+        self.orphan_replays += orphan_replays;
+        self.reapplied_batches += reapplied_batches;
+        self.length_mismatches += length_mismatches;
+        self.declared_size_mismatches += declared_size_mismatches;
+        self.size_mismatches += size_mismatches;
+        self.unknown_offloads += unknown_offloads;
+        self.unknown_removals += unknown_removals;
+        self.self_references += self_references;
+        self.unknown_media += unknown_media;
+        self.rank_mismatches += rank_mismatches;
+        self.cleared += cleared;
+        self.over_capacity += over_capacity;
+    }
+}
+
 /// Tier bit of GPU-only blocks, the ones not listed in [`StreamState::tiers`].
 const DEVICE: u8 = 1 << Tier::Device as u8;
 

@@ -881,3 +881,25 @@ mod reference {
         ix.check_invariants().unwrap();
     }
 }
+
+/// Counters add up across streams; the per-stream descriptions stay those of the target.
+#[test]
+fn stream_counters_add_up() {
+    let mut t = StreamStats {
+        batches: 2,
+        last_seq: Some(9),
+        ..StreamStats::default()
+    };
+    let s = StreamStats {
+        batches: 3,
+        length_mismatches: 1,
+        over_capacity: 4,
+        last_seq: Some(1),
+        learned_block_size: Some(16),
+        ..StreamStats::default()
+    };
+    t.add_counters(&s);
+    t.add_counters(&s);
+    assert_eq!((t.batches, t.length_mismatches, t.over_capacity), (8, 2, 8));
+    assert_eq!((t.last_seq, t.learned_block_size), (Some(9), None));
+}
