@@ -4,11 +4,14 @@
 //! - [`trace`]: Mooncake-format traces and the id → token/text recipe of `traces.md` §3.
 //! - [`workload`]: the built-in demo workload (multi-turn conversations sharing system prompts).
 //! - [`replay`]: an open-loop replay client measuring TTFT, TPOT, e2e and cache hit rate.
+//! - [`sim`]: a discrete-event simulator: the router's policy and simulated engines on a
+//!   virtual clock, deterministic in its seed.
 //! - [`index_bench`], [`tokenize_bench`]: the short benchmark runs behind `kvroute bench`.
 
 pub mod engine;
 pub mod index_bench;
 pub mod replay;
+pub mod sim;
 pub mod tokenize_bench;
 pub mod trace;
 pub mod workload;

@@ -524,7 +524,11 @@ fn new_hist() -> Histogram<u64> {
 }
 
 /// Builds the report from per-request samples.
-fn aggregate(cfg: &ReplayConfig, samples: Vec<RequestSample>, duration_s: f64) -> ReplayReport {
+pub(crate) fn aggregate(
+    cfg: &ReplayConfig,
+    samples: Vec<RequestSample>,
+    duration_s: f64,
+) -> ReplayReport {
     let (mut ttft, mut tpot, mut e2e) = (new_hist(), new_hist(), new_hist());
     let mut rep = ReplayReport {
         url: cfg.url.clone(),

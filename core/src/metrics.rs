@@ -222,6 +222,8 @@ impl Metrics {
     /// `max(0, served − predicted)`, and counts an unannounced hit when the excess is > 0:
     /// a prefix the engine held but the index did not know (bug-cases.md B37), tokens.
     pub fn on_hit_outcome(&self, worker: &str, predicted: u64, served: u64) {
+        let mut h = HitTokens::default();
+        h.add(predicted, served);
         let add = |kind: &str, v: u64| {
             self.hit_tokens
                 .get_or_create(&vec![
@@ -230,11 +232,11 @@ impl Metrics {
                 ])
                 .inc_by(v);
         };
-        add("predicted", predicted);
-        add("served", served);
-        add("phantom", predicted.saturating_sub(served));
-        add("unannounced", served.saturating_sub(predicted));
-        if served > predicted {
+        add("predicted", h.predicted);
+        add("served", h.served);
+        add("phantom", h.phantom);
+        add("unannounced", h.unannounced);
+        if h.unannounced_hits > 0 {
             self.unannounced_hits
                 .get_or_create(&vec![("worker", worker.to_string())])
                 .inc();
@@ -263,6 +265,35 @@ impl Metrics {
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Cache hits' predictions against what the engines served, summed over hits, tokens: the
+/// numbers behind `kvroute_hit_tokens_total{kind}` and `kvroute_unannounced_hits_total`
+/// (bug-cases.md B37), also kept by the simulator (`kvroute_bench::sim`) and the demo.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HitTokens {
+    /// Prompt tokens the router predicted cached
+    /// ([`crate::policy::Reason::predicted_cached_tokens`]).
+    pub predicted: u64,
+    /// Prompt tokens the engines served from cache (`cached_tokens`).
+    pub served: u64,
+    /// Σ `max(0, predicted − served)`: predicted, not served.
+    pub phantom: u64,
+    /// Σ `max(0, served − predicted)`: served, not predicted.
+    pub unannounced: u64,
+    /// Hits with an unannounced excess > 0.
+    pub unannounced_hits: u64,
+}
+
+impl HitTokens {
+    /// Adds one hit that predicted `predicted` tokens and was served `served`.
+    pub fn add(&mut self, predicted: u64, served: u64) {
+        self.predicted += predicted;
+        self.served += served;
+        self.phantom += predicted.saturating_sub(served);
+        self.unannounced += served.saturating_sub(predicted);
+        self.unannounced_hits += u64::from(served > predicted);
     }
 }
 

@@ -7,9 +7,11 @@ use crate::gateway;
 use anyhow::Context;
 use kvroute_bench::engine::{self, EngineConfig};
 use kvroute_bench::replay::{self, ReplayConfig, ReplayReport};
+use kvroute_bench::sim::{Routing, Run};
 use kvroute_bench::trace::{self, PromptBuilder, TraceRecord, WordIds};
 use kvroute_bench::workload::{self, WorkloadParams};
 use kvroute_core::config::{Config, PolicyKind};
+use kvroute_core::metrics::HitTokens;
 use kvroute_tokenize::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,11 +33,7 @@ pub const DEMO_SPEEDUP_RATIO: f64 = 4.0;
 /// Trace timestamps are divided by this in the demo.
 pub const DEMO_TIME_SCALE: f64 = 4.0;
 
-/// Name of the demo run that routes on engine KV events (issue 5).
-pub const EVENTS_RUN: &str = "cache_aware_events";
-/// Name of the (optional) demo run that routes cache_aware on the token tree: token mode
-/// without events, the control for [`EVENTS_RUN`] (same tokenization work in the router).
-pub const TOKENS_RUN: &str = "cache_aware_tokens";
+pub use kvroute_bench::sim::{EVENTS_RUN, TOKENS_RUN};
 
 /// Tokenizer for the events run (token mode): `KVROUTE_TOKENIZER`, else the embedded Qwen3
 /// tokenizer the simulated engines use.
@@ -175,13 +173,10 @@ pub fn run_engine_forever(cfg: EngineConfig, tokenizer: Tokenizer) -> anyhow::Re
     })
 }
 
-/// `kvroute demo`.
-///
-/// # Errors
-/// Engines or the gateway cannot start, the trace cannot be read.
-pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let started = Instant::now();
-    let records = load_records(args.trace.as_deref(), args.max_requests)?;
+/// KV capacity of each demo engine, blocks: `requested`, else [`DEMO_TRACE_NUM_GPU_BLOCKS`]
+/// for a trace file and [`DEMO_NUM_GPU_BLOCKS`] for the built-in workload; never below what
+/// the longest request of `records` needs (prompt + output, plus 2 blocks).
+pub fn engine_blocks(requested: Option<usize>, trace: bool, records: &[TraceRecord]) -> usize {
     let longest_blocks = records
         .iter()
         .map(|r| {
@@ -189,14 +184,23 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         })
         .max()
         .unwrap_or(0);
-    let num_gpu_blocks = args
-        .num_gpu_blocks
-        .unwrap_or(if args.trace.is_some() {
+    requested
+        .unwrap_or(if trace {
             DEMO_TRACE_NUM_GPU_BLOCKS
         } else {
             DEMO_NUM_GPU_BLOCKS
         })
-        .max(longest_blocks);
+        .max(longest_blocks)
+}
+
+/// `kvroute demo`.
+///
+/// # Errors
+/// Engines or the gateway cannot start, the trace cannot be read.
+pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let records = load_records(args.trace.as_deref(), args.max_requests)?;
+    let num_gpu_blocks = engine_blocks(args.num_gpu_blocks, args.trace.is_some(), &records);
     let tokenizer = Arc::new(Tokenizer::qwen3()?);
     let prompts = PromptBuilder::new(
         WordIds::from_tokenizer(&tokenizer)?,
@@ -241,14 +245,12 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     // (policy, field, value) added to that policy's entry in the `--out` JSON.
     let mut extras: Vec<(String, &str, serde_json::Value)> = Vec::new();
     for name in &args.policies {
-        let on_events = name == EVENTS_RUN;
-        let on_tokens = on_events || name == TOKENS_RUN;
-        let policy: PolicyKind = if on_tokens {
-            PolicyKind::CacheAware
-        } else {
-            name.parse()
-                .map_err(|e| anyhow::anyhow!("--policies: {e}"))?
-        };
+        let run: Run = name
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--policies: {e}"))?;
+        let on_events = run.routing == Routing::Events;
+        let on_tokens = run.routing != Routing::Text;
+        let policy = run.policy;
         for url in &urls {
             rt.block_on(reset_engine(url))?;
         }
@@ -296,7 +298,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             .map(|s| s.shared().metrics.encode(&s.shared().workers))
             .collect();
         notes.push(format!("{name}: {}", routing_note(&metrics)));
-        if let Some(h) = HitTokens::from_metrics(&metrics) {
+        if let Some(h) = hit_tokens_of(&metrics) {
             extras.push((name.clone(), "hit_tokens", serde_json::to_value(h)?));
         }
         let indexes: Vec<_> = servers
@@ -389,7 +391,7 @@ fn routing_note(metrics: &str) -> String {
             100.0 * get("reused") / total
         ));
     }
-    if let Some(h) = HitTokens::from_metrics(metrics) {
+    if let Some(h) = hit_tokens_of(metrics) {
         line.push_str(&format!(
             "; on hits the router predicted {} cached tokens, engines served {}: phantom {} \
              ({:.1} % of predicted), unannounced {} in {} hits",
@@ -405,33 +407,22 @@ fn routing_note(metrics: &str) -> String {
 }
 
 /// The routers' predictions on cache hits against what the engines served, summed over
-/// workers (and replicas), tokens: `kvroute_hit_tokens_total` by kind and
-/// `kvroute_unannounced_hits_total` (see [`kvroute_core::metrics::Metrics::on_hit_outcome`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-struct HitTokens {
-    predicted: u64,
-    served: u64,
-    phantom: u64,
-    unannounced: u64,
-    unannounced_hits: u64,
-}
-
-impl HitTokens {
-    /// Read from Prometheus text; `None` when no hit had a usage report.
-    fn from_metrics(metrics: &str) -> Option<Self> {
-        let kinds = sum_by_label(metrics, "kvroute_hit_tokens_total", "kind");
-        let get = |k: &str| value_of(&kinds, k) as u64;
-        (!kinds.is_empty()).then(|| Self {
-            predicted: get("predicted"),
-            served: get("served"),
-            phantom: get("phantom"),
-            unannounced: get("unannounced"),
-            unannounced_hits: sum_by_label(metrics, "kvroute_unannounced_hits_total", "worker")
-                .iter()
-                .map(|e| e.1 as u64)
-                .sum(),
-        })
-    }
+/// workers (and replicas), tokens, read from Prometheus text: `kvroute_hit_tokens_total` by
+/// kind and `kvroute_unannounced_hits_total` (see
+/// [`kvroute_core::metrics::Metrics::on_hit_outcome`]). `None` when no hit had a usage report.
+fn hit_tokens_of(metrics: &str) -> Option<HitTokens> {
+    let kinds = sum_by_label(metrics, "kvroute_hit_tokens_total", "kind");
+    let get = |k: &str| value_of(&kinds, k) as u64;
+    (!kinds.is_empty()).then(|| HitTokens {
+        predicted: get("predicted"),
+        served: get("served"),
+        phantom: get("phantom"),
+        unannounced: get("unannounced"),
+        unannounced_hits: sum_by_label(metrics, "kvroute_unannounced_hits_total", "worker")
+            .iter()
+            .map(|e| e.1 as u64)
+            .sum(),
+    })
 }
 
 /// KV-event fault counters summed over every stream.

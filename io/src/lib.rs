@@ -20,5 +20,6 @@ pub mod http1;
 pub mod load_poll;
 pub mod relay;
 pub mod shard;
+pub mod simulate;
 pub mod upstream;
 pub mod zmq;

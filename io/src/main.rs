@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use kvroute_core::config::{Config, defaults};
-use kvroute_io::{demo, gateway};
+use kvroute_io::{demo, gateway, simulate};
 use std::path::PathBuf;
 
 #[global_allocator]
@@ -29,6 +29,9 @@ enum Command {
     /// Start 4 engines and the router on loopback, replay a workload once per policy, print
     /// a comparison table.
     Demo(demo::DemoArgs),
+    /// The demo's comparison on the discrete-event simulator: the same router policy and
+    /// engine model on a virtual clock, deterministic, about a second per run.
+    Simulate(simulate::SimulateArgs),
     /// Short benchmark runs (< 60 s each) that print and write JSON.
     Bench(BenchArgs),
 }
@@ -444,6 +447,7 @@ fn main() -> anyhow::Result<()> {
         Command::Engine(args) => run_engine(args),
         Command::Replay(args) => run_replay(args),
         Command::Demo(args) => demo::run(args),
+        Command::Simulate(args) => simulate::run(args),
         Command::Bench(args) => {
             let report = match args.what {
                 BenchWhat::Index => kvroute_bench::index_bench::run()?,

@@ -396,8 +396,23 @@ impl Router {
     /// # Panics
     /// When `loads` is empty.
     pub fn decide_at(&self, key: &RouteKey, loads: &[usize], now_ms: u64) -> Decision {
+        self.decide_with(key, loads, now_ms, &mut rand::rng())
+    }
+
+    /// [`Router::decide_at`] with its load ties broken by draws from `rng`: with a seeded
+    /// `rng` and single-threaded calls, the same requests, loads and times give the same
+    /// decisions (the discrete-event simulator, `kvroute_bench::sim`).
+    ///
+    /// # Panics
+    /// When `loads` is empty.
+    pub fn decide_with(
+        &self,
+        key: &RouteKey,
+        loads: &[usize],
+        now_ms: u64,
+        rng: &mut impl Rng,
+    ) -> Decision {
         assert!(!loads.is_empty(), "decide needs at least one worker");
-        let mut rng = rand::rng();
         let all = 0..loads.len();
         match self.kind {
             PolicyKind::RoundRobin => Decision {
@@ -405,10 +420,10 @@ impl Router {
                 reason: Reason::RoundRobin,
             },
             PolicyKind::LeastRequest => Decision {
-                worker: least_loaded(loads, all, &mut rng).unwrap_or(0),
+                worker: least_loaded(loads, all, rng).unwrap_or(0),
                 reason: Reason::LeastRequest,
             },
-            PolicyKind::CacheAware => self.decide_cache_aware(key, loads, now_ms, &mut rng),
+            PolicyKind::CacheAware => self.decide_cache_aware(key, loads, now_ms, rng),
         }
     }
 

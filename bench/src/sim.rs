@@ -1,0 +1,633 @@
+//! Discrete-event simulator: replays a workload through the router's own policy code
+//! ([`Router`]) and simulated engines ([`EngineCore`]) on a virtual clock. No sockets, no
+//! threads, no wall clock: the same records, config and seed give the same report, and a
+//! demo-sized run takes well under a second.
+//!
+//! What it shares with `kvroute demo` and what it leaves out:
+//! - **Same code**: the policy ([`Router::decide_with`], a seeded RNG breaking load ties), the
+//!   router's trees, the engine's block manager, scheduler and timing model, the KV-event wire
+//!   format (each step's events are encoded as vLLM does, decoded by
+//!   [`kvroute_core::events::decode`] and applied through [`Consumer`] into an [`EventIndex`]).
+//! - **Same arrivals**: record `i` arrives at `timestamp_ms / time_scale`; the engines run
+//!   their timing model divided by `speedup_ratio` (engine-model.md §4), as in the demo.
+//! - **Left out**: HTTP, tokenization time and the chat template (prompts are the records'
+//!   token ids, [`PromptBuilder::prompt_tokens`]; text routing sees
+//!   [`PromptBuilder::prompt_text`]), OS scheduling noise. KV events reach the router
+//!   `event_delay_ms` after the step that produced them starts (default 0).
+//!
+//! Loads are what the gateway counts: requests routed to a worker and not yet finished.
+//!
+//! Event order at one instant: engine steps that end, then KV events due, then arrivals, then
+//! engines with work start their next step (a request that arrives while its engine is
+//! stepping waits for the next step, as in the engine server's driver).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use kvroute_core::config::{Config, PolicyKind};
+use kvroute_core::events::{Consumer, EventIndex, Input, StreamId, Tier};
+use kvroute_core::metrics::HitTokens;
+use kvroute_core::policy::{Reason, Router};
+use kvroute_core::route_key::RouteKey;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde::Serialize;
+
+use crate::engine::events::{Encoding, encode_batch};
+use crate::engine::{EngineConfig, EngineCore, EngineError};
+use crate::replay::{self, ReplayConfig, ReplayReport, RequestSample};
+use crate::trace::{PromptBuilder, SplitMix64, TraceRecord};
+
+/// Name of the run that routes cache_aware on engine KV events (issue 5).
+pub const EVENTS_RUN: &str = "cache_aware_events";
+/// Name of the run that routes cache_aware on the token tree: token mode without events, the
+/// control for [`EVENTS_RUN`].
+pub const TOKENS_RUN: &str = "cache_aware_tokens";
+/// Default seed of the simulator's tie-breaking RNG.
+pub const DEFAULT_SEED: u64 = 1;
+/// Default delay from an engine step's start to its KV events reaching the router's index, ms
+/// of virtual time.
+pub const DEFAULT_EVENT_DELAY_MS: f64 = 0.0;
+
+/// What a cache-aware router matches prompts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Routing {
+    /// Prompt text on the string tree (the gateway without a tokenizer).
+    Text,
+    /// Token ids on the token tree (the gateway with a tokenizer, no events).
+    Tokens,
+    /// Token ids on the engines' KV events, the token tree while no engine has announced a
+    /// match (issue 5 item 5).
+    Events,
+}
+
+/// A named run of the demo and the simulator: a policy and what it routes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    /// The router's policy.
+    pub policy: PolicyKind,
+    /// What cache_aware matches on (ignored by the other policies).
+    pub routing: Routing,
+}
+
+impl std::str::FromStr for Run {
+    type Err = kvroute_core::CoreError;
+
+    /// A policy name (`round_robin`, `least_request`, `cache_aware` = text), or
+    /// [`TOKENS_RUN`] / [`EVENTS_RUN`] (cache_aware on token ids / on KV events).
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        let (policy, routing) = match name {
+            EVENTS_RUN => (PolicyKind::CacheAware, Routing::Events),
+            TOKENS_RUN => (PolicyKind::CacheAware, Routing::Tokens),
+            other => (other.parse()?, Routing::Text),
+        };
+        Ok(Self { policy, routing })
+    }
+}
+
+/// Settings of one simulated run.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Engines behind the router (worker ids `0..engines`).
+    pub engines: usize,
+    /// Template of every engine; engine `i` gets `seed = i` (as in the demo).
+    pub engine: EngineConfig,
+    /// The router's settings (policy, thresholds, block size; sockets and workers ignored).
+    pub router: Config,
+    /// What cache_aware routes on.
+    pub routing: Routing,
+    /// Trace timestamps (ms) are divided by this; > 0.
+    pub time_scale: f64,
+    /// Seed of the RNG that breaks load ties.
+    pub seed: u64,
+    /// Virtual ms from a step's start until its KV events are in the router's index; ≥ 0.
+    pub event_delay_ms: f64,
+}
+
+/// Errors of [`simulate`].
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// `engines` is 0.
+    #[error("the simulator needs at least one engine")]
+    NoEngines,
+    /// `time_scale` or `event_delay_ms` out of range.
+    #[error("{field} must be finite and {rule}, got {value}")]
+    BadParameter {
+        /// Which.
+        field: &'static str,
+        /// The rule broken.
+        rule: &'static str,
+        /// The value given.
+        value: f64,
+    },
+    /// An engine config is invalid.
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    /// An engine had work but its step scheduled nothing (a model bug; never loops forever).
+    #[error("engine {worker} stalled at {at_ms} ms with work queued")]
+    Stalled {
+        /// Worker id.
+        worker: usize,
+        /// Virtual time, ms.
+        at_ms: f64,
+    },
+}
+
+/// Outcome of one simulated run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimReport {
+    /// The same aggregate as a live replay: hit rate, TTFT / TPOT / e2e in virtual ms, load
+    /// spread; workers are named `sim-<id>`; `duration_s` is virtual seconds; requests an
+    /// engine rejected are errors `status_400`.
+    pub replay: ReplayReport,
+    /// Decisions per reason ([`Reason::as_str`]).
+    pub decisions: BTreeMap<&'static str, u64>,
+    /// On cache hits, the router's prediction against what the engines served, tokens.
+    pub hit_tokens: HitTokens,
+    /// With [`Routing::Events`]: the router's index against the engines' cached blocks after
+    /// the run, blocks.
+    pub index_drift: Option<IndexDrift>,
+    /// Blocks the engines evicted, summed.
+    pub evicted_blocks: u64,
+}
+
+/// The event index against the engines' cached blocks, summed over engines, blocks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct IndexDrift {
+    /// Indexed, not cached.
+    pub phantom: usize,
+    /// Cached, not indexed.
+    pub missed: usize,
+    /// Cached.
+    pub cached: usize,
+}
+
+/// One engine and the step it is running.
+struct Slot {
+    core: EngineCore,
+    /// End of the running step; `None` = idle.
+    busy_until: Option<f64>,
+    /// Tokens the running step emits at its end.
+    outputs: Vec<(u64, crate::engine::TokenOut)>,
+    /// Seq of the next KV-event batch.
+    seq: u64,
+}
+
+/// A request between arrival and its last token.
+struct Live {
+    arrival_ms: f64,
+    first_ms: Option<f64>,
+    reason: Reason,
+}
+
+/// Replays `records` (timestamps ascending) through a router and `cfg.engines` simulated
+/// engines on a virtual clock; see the module doc for what is modelled.
+///
+/// # Errors
+/// [`SimError`] for a bad config, or an engine that stalls.
+pub fn simulate(
+    records: &[TraceRecord],
+    prompts: &PromptBuilder,
+    cfg: &SimConfig,
+) -> Result<SimReport, SimError> {
+    if cfg.engines == 0 {
+        return Err(SimError::NoEngines);
+    }
+    let check = |field, ok: bool, rule, value| {
+        if ok {
+            Ok(())
+        } else {
+            Err(SimError::BadParameter { field, rule, value })
+        }
+    };
+    check(
+        "time_scale",
+        cfg.time_scale.is_finite() && cfg.time_scale > 0.0,
+        "> 0",
+        cfg.time_scale,
+    )?;
+    check(
+        "event_delay_ms",
+        cfg.event_delay_ms.is_finite() && cfg.event_delay_ms >= 0.0,
+        ">= 0",
+        cfg.event_delay_ms,
+    )?;
+    let mut slots = (0..cfg.engines)
+        .map(|i| {
+            Ok(Slot {
+                core: EngineCore::new(&EngineConfig {
+                    seed: i as u64,
+                    ..cfg.engine.clone()
+                })?,
+                busy_until: None,
+                outputs: Vec::new(),
+                seq: 0,
+            })
+        })
+        .collect::<Result<Vec<_>, SimError>>()?;
+    let mut router = Router::new(&cfg.router);
+    let on_events = cfg.router.policy == PolicyKind::CacheAware && cfg.routing == Routing::Events;
+    let mut index = EventIndex::new(cfg.router.block_size);
+    let mut consumer = Consumer::new();
+    if on_events {
+        router.set_event_index(index.reader());
+    }
+    let stream_base = SplitMix64::from_state(cfg.seed).next_u64();
+    let mut loads = vec![0usize; cfg.engines];
+    let mut live: HashMap<u64, Live> = HashMap::new();
+    let mut samples: Vec<RequestSample> = (0..records.len())
+        .map(|index| RequestSample {
+            index,
+            ..RequestSample::default()
+        })
+        .collect();
+    let mut report = SimReport {
+        replay: ReplayReport::default(),
+        decisions: BTreeMap::new(),
+        hit_tokens: HitTokens::default(),
+        index_drift: None,
+        evicted_blocks: 0,
+    };
+    // (due, worker, seq, msgpack batch): FIFO is time order (constant delay).
+    let mut events: VecDeque<(f64, usize, u64, Vec<u8>)> = VecDeque::new();
+    let arrival = |i: usize| records[i].timestamp_ms as f64 / cfg.time_scale;
+    let mut next = 0usize;
+    let mut last_ms = 0.0f64;
+    loop {
+        let t = [
+            slots.iter().filter_map(|s| s.busy_until).reduce(f64::min),
+            events.front().map(|e| e.0),
+            (next < records.len()).then(|| arrival(next)),
+        ]
+        .into_iter()
+        .flatten()
+        .reduce(f64::min);
+        let Some(t) = t else { break };
+        last_ms = t;
+        // 1. Steps ending now emit their tokens.
+        for (w, slot) in slots.iter_mut().enumerate() {
+            if slot.busy_until != Some(t) {
+                continue;
+            }
+            for (id, tok) in std::mem::take(&mut slot.outputs) {
+                let (Some(l), s) = (live.get_mut(&id), &mut samples[id as usize]) else {
+                    continue;
+                };
+                if let Some(p) = tok.prompt {
+                    l.first_ms = Some(t);
+                    s.prompt_tokens = u64::from(p.prompt_tokens);
+                    s.cached_tokens = u64::from(p.cached_tokens);
+                    s.ttft_us = Some(((t - l.arrival_ms) * 1e3) as u64);
+                    if let Some(predicted) = l.reason.predicted_cached_tokens(s.prompt_tokens) {
+                        report.hit_tokens.add(predicted, s.cached_tokens);
+                    }
+                }
+                s.completion_tokens += 1;
+                if tok.finish.is_some() {
+                    s.e2e_us = ((t - l.arrival_ms) * 1e3) as u64;
+                    s.status = Some(200);
+                    s.usage_seen = true;
+                    loads[w] -= 1;
+                    live.remove(&id);
+                }
+            }
+        }
+        // 2. KV events due reach the router's index.
+        while events.front().is_some_and(|e| e.0 <= t) {
+            let (_, w, seq, payload) = events.pop_front().expect("front checked");
+            let stream = StreamId {
+                worker: w as u32,
+                rank: 0,
+            };
+            index.set_now(t as u64);
+            let replay = consumer.handle(
+                &mut index,
+                stream,
+                Input::Live {
+                    seq,
+                    payload: &payload,
+                },
+            );
+            debug_assert!(
+                replay.is_none(),
+                "a lossless stream never asks for a replay"
+            );
+        }
+        // 3. Arrivals are routed and queued on their engine.
+        while next < records.len() && arrival(next) <= t {
+            let r = &records[next];
+            let ids = prompts.prompt_tokens(r);
+            let key = RouteKey {
+                text: match cfg.routing {
+                    Routing::Text => prompts.prompt_text(r),
+                    Routing::Tokens | Routing::Events => String::new(),
+                },
+                input_ids: (cfg.routing != Routing::Text).then(|| ids.clone()),
+                ..RouteKey::default()
+            };
+            // Common random numbers: request i's tie-breaks draw from its own stream, so two
+            // runs that see the same candidates and loads for it decide the same, and runs of
+            // different policies diverge only where their indexes differ.
+            let mut rng = StdRng::seed_from_u64(stream_base.wrapping_add(next as u64));
+            let d = router.decide_with(&key, &loads, t as u64, &mut rng);
+            *report.decisions.entry(d.reason.as_str()).or_default() += 1;
+            let s = &mut samples[next];
+            s.worker = Some(format!("sim-{}", d.worker));
+            match slots[d.worker]
+                .core
+                .add_request(next as u64, ids, r.output_length)
+            {
+                Ok(()) => {
+                    loads[d.worker] += 1;
+                    live.insert(
+                        next as u64,
+                        Live {
+                            arrival_ms: t,
+                            first_ms: None,
+                            reason: d.reason,
+                        },
+                    );
+                }
+                Err(_) => {
+                    s.status = Some(400);
+                    s.error = Some("status_400".into());
+                }
+            }
+            next += 1;
+        }
+        // 4. Engines with work start a step now; its events are published at its start.
+        for (w, slot) in slots.iter_mut().enumerate() {
+            if slot.busy_until.is_some_and(|b| b > t) {
+                continue;
+            }
+            if slot.core.is_idle() {
+                slot.busy_until = None;
+                continue;
+            }
+            let out = slot.core.step(t);
+            if out.prefill_tokens == 0 && out.decode_requests == 0 && out.outputs.is_empty() {
+                return Err(SimError::Stalled {
+                    worker: w,
+                    at_ms: t,
+                });
+            }
+            if on_events && !out.events.is_empty() {
+                let bs = slot.core.block_size();
+                let payload = encode_batch(t / 1e3, &out.events, bs, Encoding::Array, 0);
+                events.push_back((t + cfg.event_delay_ms, w, slot.seq, payload));
+                slot.seq += 1;
+            }
+            slot.busy_until = Some(t + out.duration_ms);
+            slot.outputs = out.outputs;
+        }
+    }
+    debug_assert!(live.is_empty(), "every routed request finishes");
+    let rcfg = ReplayConfig {
+        url: "sim".into(),
+        model: cfg.engine.model_name.clone(),
+        time_scale: cfg.time_scale,
+        expected_workers: Some(cfg.engines),
+        keep_samples: true,
+        ..ReplayConfig::default()
+    };
+    let first_ms = records
+        .first()
+        .map_or(0.0, |r| r.timestamp_ms as f64 / cfg.time_scale);
+    report.replay = replay::aggregate(&rcfg, samples, (last_ms - first_ms) / 1e3);
+    if on_events {
+        report.index_drift = Some(drift(&index, &slots));
+    }
+    report.evicted_blocks = slots.iter().map(|s| s.core.stats().evicted_blocks).sum();
+    Ok(report)
+}
+
+/// The event index against each engine's cached blocks.
+fn drift(index: &EventIndex, slots: &[Slot]) -> IndexDrift {
+    let mut d = IndexDrift::default();
+    for (w, slot) in slots.iter().enumerate() {
+        let truth: HashSet<u64> = slot.core.cached_hashes().into_iter().collect();
+        let stream = StreamId {
+            worker: w as u32,
+            rank: 0,
+        };
+        let got: HashSet<u64> = index
+            .engine_hashes(stream, Tier::Device)
+            .into_iter()
+            .collect();
+        d.phantom += got.difference(&truth).count();
+        d.missed += truth.difference(&got).count();
+        d.cached += truth.len();
+    }
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{MOONCAKE_BLOCK_TOKENS, WordIds, engine_cache_bound};
+    use crate::workload::{WorkloadParams, builtin_workload};
+
+    fn prompts() -> PromptBuilder {
+        // A toy vocabulary of 64 distinct words: 16-word blocks of different ids never match.
+        let letter = |i: u32| char::from(b'a' + i as u8);
+        let vocab: Vec<(u32, String)> = (0..64u32)
+            .map(|i| (100 + i, format!("Ġwx{}{}", letter(i / 8), letter(i % 8))))
+            .collect();
+        PromptBuilder::new(WordIds::from_vocab(vocab).unwrap(), 0)
+    }
+
+    fn config(name: &str, engines: usize, blocks: usize) -> SimConfig {
+        let run: Run = name.parse().unwrap();
+        SimConfig {
+            engines,
+            engine: EngineConfig {
+                num_gpu_blocks: blocks,
+                speedup_ratio: 4.0,
+                ..EngineConfig::default()
+            },
+            router: Config {
+                policy: run.policy,
+                ..Config::default()
+            },
+            routing: run.routing,
+            time_scale: 4.0,
+            seed: DEFAULT_SEED,
+            event_delay_ms: DEFAULT_EVENT_DELAY_MS,
+        }
+    }
+
+    fn workload(conversations: usize) -> Vec<TraceRecord> {
+        builtin_workload(&WorkloadParams {
+            conversations,
+            ..WorkloadParams::default()
+        })
+    }
+
+    const RUNS: [&str; 5] = [
+        "round_robin",
+        "least_request",
+        "cache_aware",
+        TOKENS_RUN,
+        EVENTS_RUN,
+    ];
+
+    /// Worked example: a 1,000-token prompt sent twice, 10 s apart, to one engine. The second
+    /// is served its 62 full blocks (992 tokens; vLLM always computes the last token, and the
+    /// 8-token tail is no full block). The text tree predicted all 1,000 (ratio 1.0), so 8
+    /// tokens are phantom.
+    #[test]
+    fn a_repeated_prompt_is_served_its_full_blocks() {
+        let r = |t| TraceRecord {
+            timestamp_ms: t,
+            input_length: 1_000,
+            output_length: 10,
+            hash_ids: vec![1, 2],
+        };
+        let rep = simulate(
+            &[r(0), r(10_000)],
+            &prompts(),
+            &config("cache_aware", 1, 1_000),
+        )
+        .unwrap();
+        let cached: Vec<u64> = rep.replay.samples.iter().map(|s| s.cached_tokens).collect();
+        assert_eq!(cached, [0, 992]);
+        assert_eq!(rep.replay.prompt_tokens, 2_000);
+        assert_eq!(rep.decisions.get("miss"), Some(&1));
+        assert_eq!(rep.decisions.get("hit"), Some(&1));
+        assert_eq!(
+            rep.hit_tokens,
+            HitTokens {
+                predicted: 1_000,
+                served: 992,
+                phantom: 8,
+                unannounced: 0,
+                unannounced_hits: 0,
+            }
+        );
+    }
+
+    /// Brute-force reference: one engine that never evicts, requests far apart (time scale
+    /// 1/1000), serves exactly the engine-level infinite-cache bound (engine-model.md §9),
+    /// whatever the policy.
+    #[test]
+    fn one_unbounded_engine_serves_the_engine_cache_bound() {
+        let records = workload(12);
+        let bound = engine_cache_bound(&records, MOONCAKE_BLOCK_TOKENS, 16);
+        assert!(bound > 0.5, "the workload shares prefixes: {bound}");
+        for name in RUNS {
+            let mut cfg = config(name, 1, 40_000);
+            cfg.time_scale = 0.001;
+            let rep = simulate(&records, &prompts(), &cfg).unwrap();
+            assert_eq!(rep.replay.ok, records.len() as u64, "{name}");
+            assert!(
+                (rep.replay.hit_rate - bound).abs() < 1e-12,
+                "{name}: {} against {bound}",
+                rep.replay.hit_rate
+            );
+            assert_eq!(rep.evicted_blocks, 0, "{name}");
+        }
+    }
+
+    /// Every request is routed once, finishes, and gets exactly its output length; with
+    /// several engines the cache-blind policies spread requests over all of them.
+    #[test]
+    fn every_request_finishes_once_with_its_output_length() {
+        let records = workload(10);
+        for name in RUNS {
+            let rep = simulate(&records, &prompts(), &config(name, 4, 2_048)).unwrap();
+            assert_eq!(rep.replay.requests, records.len() as u64);
+            assert_eq!(rep.replay.ok, records.len() as u64, "{name}");
+            assert_eq!(rep.decisions.values().sum::<u64>(), records.len() as u64);
+            for (s, r) in rep.replay.samples.iter().zip(&records) {
+                assert_eq!(s.completion_tokens, u64::from(r.output_length), "{name}");
+                assert_eq!(s.prompt_tokens, u64::from(r.input_length), "{name}");
+                assert!(s.ttft_us.unwrap() as f64 <= s.e2e_us as f64, "{name}");
+            }
+            if name == "round_robin" {
+                assert_eq!(rep.replay.per_worker.len(), 4);
+                assert!(rep.replay.max_over_mean_load < 1.1);
+            }
+        }
+    }
+
+    /// Under eviction, the router's event index equals each engine's cached blocks after the
+    /// run: every store and removal went through the wire format and the consumer.
+    #[test]
+    fn event_index_equals_the_engines_under_eviction() {
+        let records = workload(20);
+        let rep = simulate(&records, &prompts(), &config(EVENTS_RUN, 4, 1_024)).unwrap();
+        let d = rep.index_drift.unwrap();
+        assert!(rep.evicted_blocks > 1_000, "evicted {}", rep.evicted_blocks);
+        assert!(d.cached > 2_000, "{d:?}");
+        assert_eq!((d.phantom, d.missed), (0, 0));
+        assert!(rep.decisions.get("hit").copied().unwrap_or(0) > records.len() as u64 / 2);
+    }
+
+    /// The same records, config and seed give the same report, request by request.
+    #[test]
+    fn same_inputs_give_the_same_report() {
+        let records = workload(15);
+        for name in ["least_request", "cache_aware", EVENTS_RUN] {
+            let cfg = config(name, 4, 2_048);
+            let a = simulate(&records, &prompts(), &cfg).unwrap();
+            let b = simulate(&records, &prompts(), &cfg).unwrap();
+            assert_eq!(
+                serde_json::to_value(&a).unwrap(),
+                serde_json::to_value(&b).unwrap(),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_configs_are_errors() {
+        let records = workload(1);
+        let p = prompts();
+        let mut cfg = config("cache_aware", 0, 1_024);
+        assert!(matches!(
+            simulate(&records, &p, &cfg),
+            Err(SimError::NoEngines)
+        ));
+        cfg.engines = 1;
+        cfg.time_scale = 0.0;
+        assert!(matches!(
+            simulate(&records, &p, &cfg),
+            Err(SimError::BadParameter {
+                field: "time_scale",
+                ..
+            })
+        ));
+        cfg.time_scale = 1.0;
+        cfg.event_delay_ms = f64::NAN;
+        assert!(matches!(
+            simulate(&records, &p, &cfg),
+            Err(SimError::BadParameter {
+                field: "event_delay_ms",
+                ..
+            })
+        ));
+        cfg.event_delay_ms = 0.0;
+        cfg.engine.num_gpu_blocks = 0;
+        assert!(matches!(
+            simulate(&records, &p, &cfg),
+            Err(SimError::Engine(_))
+        ));
+    }
+
+    #[test]
+    fn run_names_parse() {
+        let r: Run = EVENTS_RUN.parse().unwrap();
+        assert_eq!(
+            (r.policy, r.routing),
+            (PolicyKind::CacheAware, Routing::Events)
+        );
+        let r: Run = TOKENS_RUN.parse().unwrap();
+        assert_eq!(
+            (r.policy, r.routing),
+            (PolicyKind::CacheAware, Routing::Tokens)
+        );
+        let r: Run = "least_request".parse().unwrap();
+        assert_eq!(r.policy, PolicyKind::LeastRequest);
+        assert!("cache_awre".parse::<Run>().is_err());
+    }
+}
