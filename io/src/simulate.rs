@@ -51,6 +51,13 @@ pub struct SimulateArgs {
     /// Virtual ms from an engine step's start until its KV events are in the router's index.
     #[arg(long, default_value_t = sim::DEFAULT_EVENT_DELAY_MS)]
     pub event_delay_ms: f64,
+    /// Router replicas behind a round-robin balancer (as `kvroute demo --replicas`).
+    #[arg(long, default_value_t = demo::DEMO_REPLICAS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
+    pub replicas: usize,
+    /// Engine load reports every this many virtual ms, 0 = off (as `kvroute demo
+    /// --load-poll-ms`).
+    #[arg(long, default_value_t = kvroute_core::config::defaults::LOAD_POLL_MS)]
+    pub load_poll_ms: u64,
     /// Write every run's reports as JSON to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -115,6 +122,8 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
                 time_scale: args.time_scale,
                 seed: args.seed.wrapping_add(k as u64),
                 event_delay_ms: args.event_delay_ms,
+                replicas: args.replicas,
+                load_poll_ms: args.load_poll_ms,
             };
             let rep = sim::simulate(&records, &prompts, &cfg)
                 .with_context(|| format!("simulating {name}"))?;
