@@ -58,6 +58,15 @@ pub struct SimulateArgs {
     /// --load-poll-ms`).
     #[arg(long, default_value_t = kvroute_core::config::defaults::LOAD_POLL_MS)]
     pub load_poll_ms: u64,
+    /// cache_aware's match threshold, fraction 0–1 (as `kvroute serve --cache-threshold`).
+    #[arg(long, default_value_t = kvroute_core::config::defaults::CACHE_THRESHOLD)]
+    pub cache_threshold: f64,
+    /// Spill gate, relative part (as `kvroute serve --balance-rel-threshold`).
+    #[arg(long, default_value_t = kvroute_core::config::defaults::BALANCE_REL_THRESHOLD)]
+    pub balance_rel_threshold: f64,
+    /// Spill gate, absolute part, requests (as `kvroute serve --balance-abs-threshold`).
+    #[arg(long, default_value_t = kvroute_core::config::defaults::BALANCE_ABS_THRESHOLD)]
+    pub balance_abs_threshold: usize,
     /// Write every run's reports as JSON to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -116,6 +125,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
                 },
                 router: Config {
                     policy: run.policy,
+                    cache_threshold: args.cache_threshold,
+                    balance_rel_threshold: args.balance_rel_threshold,
+                    balance_abs_threshold: args.balance_abs_threshold,
                     ..Config::default()
                 },
                 routing: run.routing,

@@ -10,6 +10,19 @@ fn router(kind: PolicyKind) -> Router {
     })
 }
 
+/// SMG's `--balance-abs-threshold` (anchors.md §2.3), which its worked examples use; kvroute's
+/// default is smaller (`defaults::BALANCE_ABS_THRESHOLD`).
+const SMG_ABS: usize = 64;
+
+/// cache_aware with SMG's spill-gate margin.
+fn smg_router() -> Router {
+    Router::new(&Config {
+        policy: PolicyKind::CacheAware,
+        balance_abs_threshold: SMG_ABS,
+        ..Config::default()
+    })
+}
+
 fn text_key(text: &str) -> RouteKey {
     RouteKey {
         model: "m".into(),
@@ -26,17 +39,17 @@ fn chat_key(messages: serde_json::Value) -> RouteKey {
 #[test]
 fn spill_gate_thresholds_from_anchors_e8() {
     // anchors.md §7 E8: mean 24 → threshold max(36, 88) = 88; mean 125 → max(187.5, 189).
-    let g = SpillGate::new(&[80, 10, 10, 10, 10], 1.5, 64);
+    let g = SpillGate::new(&[80, 10, 10, 10, 10], 1.5, SMG_ABS);
     assert_eq!(g.threshold, 88.0);
     assert!(!g.is_hot(80));
-    let g = SpillGate::new(&[200, 100, 100, 100], 1.5, 64);
+    let g = SpillGate::new(&[200, 100, 100, 100], 1.5, SMG_ABS);
     assert_eq!(g.threshold, 189.0);
     assert!(g.is_hot(200));
 }
 
 #[test]
 fn e8_holder_keeps_affinity_then_spills_and_replicates() {
-    let r = router(PolicyKind::CacheAware);
+    let r = smg_router();
     let prompt = "a shared prefix that is long enough to match ".repeat(4);
     // Seed: worker 0 is the unique least loaded, so the miss lands there.
     let d = r.decide(&text_key(&prompt), &[0, 1, 1, 1, 1]);
@@ -48,7 +61,7 @@ fn e8_holder_keeps_affinity_then_spills_and_replicates() {
         matches!(d.reason, Reason::CacheHit { matched_chars, .. } if matched_chars == prompt.chars().count())
     );
     // [200, 100, 100, 100] (4 workers): 200 > 189 → spill to a least-loaded worker.
-    let r = router(PolicyKind::CacheAware);
+    let r = smg_router();
     r.decide(&text_key(&prompt), &[0, 1, 1, 1]);
     let d = r.decide(&text_key(&prompt), &[200, 100, 100, 100]);
     assert_eq!(d.reason, Reason::Spill);
@@ -169,11 +182,12 @@ fn seed(r: &Router, text: &str, holders: &[usize]) {
 }
 
 /// SMG's rule written out directly (anchors.md §2.2 step 5): hot ⇔ load > max(rel·mean,
-/// mean + abs), mean over all workers.
+/// mean + abs), mean over all workers, with kvroute's defaults for rel and abs.
 fn brute_hot(loads: &[usize], w: usize) -> bool {
+    use crate::config::defaults::{BALANCE_ABS_THRESHOLD, BALANCE_REL_THRESHOLD};
     let mean = loads.iter().sum::<usize>() as f64 / loads.len() as f64;
     let l = loads[w] as f64;
-    l > 1.5 * mean && l > mean + 64.0
+    l > BALANCE_REL_THRESHOLD * mean && l > mean + BALANCE_ABS_THRESHOLD as f64
 }
 
 proptest! {
