@@ -471,13 +471,16 @@ impl Router {
             self.balance_abs_threshold,
         );
         let ratio = matched as f64 / len.max(1) as f64;
-        // Holders that are still workers (a tenant id beyond `loads` is a removed worker).
-        let holders = || {
-            tenants
-                .iter()
-                .map(|&t| t as usize)
-                .filter(|&w| w < loads.len())
-        };
+        // Holders that are still workers (a tenant id beyond `loads` is a removed worker), in
+        // id order: a tie-break then depends on the set and the random draw only, as on the
+        // event index (so the simulator's runs compare like with like).
+        let mut holders: Vec<usize> = tenants
+            .iter()
+            .map(|&t| t as usize)
+            .filter(|&w| w < loads.len())
+            .collect();
+        holders.sort_unstable();
+        let holders = || holders.iter().copied();
         let decision = if ratio > self.cache_threshold && holders().next().is_some() {
             let cool = holders().filter(|&w| !gate.is_hot(loads[w]));
             match least_loaded(loads, cool, rng) {
