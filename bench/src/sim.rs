@@ -97,6 +97,9 @@ pub struct SimConfig {
     /// Template of every engine; engine `i` gets `seed = i` (as in the demo).
     pub engine: EngineConfig,
     /// The router's settings (policy, thresholds, block size; sockets and workers ignored).
+    /// `load_poll_ms` > 0: every that many virtual ms each replica counts every engine's
+    /// running + waiting requests beyond its own
+    /// ([`kvroute_core::workers::Worker::report`]), read the instant of the poll.
     pub router: Config,
     /// What cache_aware routes on.
     pub routing: Routing,
@@ -111,10 +114,6 @@ pub struct SimConfig {
     /// With events, every replica reads the same event index (each would subscribe to every
     /// engine and index the same events).
     pub replicas: usize,
-    /// Engine load reports every this many virtual ms (`--load-poll-ms`), 0 = off: each
-    /// replica then counts running + waiting requests beyond its own
-    /// ([`kvroute_core::workers::Worker::report`]), read the instant of the poll.
-    pub load_poll_ms: u64,
 }
 
 /// Errors of [`simulate`].
@@ -256,8 +255,8 @@ pub fn simulate(
         })
         .collect::<Result<Vec<_>, kvroute_core::CoreError>>()
         .expect("sim worker urls are valid");
-    let poll_ms = cfg.load_poll_ms as f64;
-    let mut next_poll = (cfg.load_poll_ms > 0).then_some(0.0f64);
+    let poll_ms = cfg.router.load_poll_ms as f64;
+    let mut next_poll = (cfg.router.load_poll_ms > 0).then_some(0.0f64);
     let stream_base = SplitMix64::from_state(cfg.seed).next_u64();
     let mut live: HashMap<u64, Live> = HashMap::new();
     let mut samples: Vec<RequestSample> = (0..records.len())
@@ -491,7 +490,6 @@ mod tests {
             seed: DEFAULT_SEED,
             event_delay_ms: DEFAULT_EVENT_DELAY_MS,
             replicas: 1,
-            load_poll_ms: 0,
         }
     }
 

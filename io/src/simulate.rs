@@ -72,6 +72,50 @@ pub struct SimulateArgs {
     pub out: Option<PathBuf>,
 }
 
+/// The fleet a demo run or a simulated run sets up: the same fields give the same engines,
+/// replicas and arrivals in both.
+#[derive(Debug, Clone, Copy)]
+pub struct Fleet {
+    /// Engines.
+    pub engines: usize,
+    /// KV capacity of each engine, blocks.
+    pub num_gpu_blocks: usize,
+    /// Engine speed-up over the timing model.
+    pub speedup_ratio: f64,
+    /// Trace timestamps are divided by this.
+    pub time_scale: f64,
+    /// Router replicas.
+    pub replicas: usize,
+    /// Engine load reports, ms (0 = off).
+    pub load_poll_ms: u64,
+}
+
+impl Fleet {
+    /// The simulator's config for `run` on this fleet, every other setting at its default
+    /// (the router's [`Config::default`], seed [`sim::DEFAULT_SEED`], events delay
+    /// [`sim::DEFAULT_EVENT_DELAY_MS`]).
+    pub fn config(&self, run: Run) -> SimConfig {
+        SimConfig {
+            engines: self.engines,
+            engine: EngineConfig {
+                num_gpu_blocks: self.num_gpu_blocks,
+                speedup_ratio: self.speedup_ratio,
+                ..EngineConfig::default()
+            },
+            router: Config {
+                policy: run.policy,
+                load_poll_ms: self.load_poll_ms,
+                ..Config::default()
+            },
+            routing: run.routing,
+            time_scale: self.time_scale,
+            seed: sim::DEFAULT_SEED,
+            event_delay_ms: sim::DEFAULT_EVENT_DELAY_MS,
+            replicas: self.replicas,
+        }
+    }
+}
+
 /// `kvroute simulate`: prints one comparison table per run (or, with `--runs` > 1, one line
 /// per run and a summary per policy).
 ///
@@ -116,27 +160,20 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         let blocks = demo::engine_blocks(args.num_gpu_blocks, args.trace.is_some(), &records);
         let mut reports = Vec::with_capacity(runs.len());
         for (name, run) in &runs {
-            let cfg = SimConfig {
+            let fleet = Fleet {
                 engines: args.engines,
-                engine: EngineConfig {
-                    num_gpu_blocks: blocks,
-                    speedup_ratio: args.speedup_ratio,
-                    ..EngineConfig::default()
-                },
-                router: Config {
-                    policy: run.policy,
-                    cache_threshold: args.cache_threshold,
-                    balance_rel_threshold: args.balance_rel_threshold,
-                    balance_abs_threshold: args.balance_abs_threshold,
-                    ..Config::default()
-                },
-                routing: run.routing,
+                num_gpu_blocks: blocks,
+                speedup_ratio: args.speedup_ratio,
                 time_scale: args.time_scale,
-                seed: args.seed.wrapping_add(k as u64),
-                event_delay_ms: args.event_delay_ms,
                 replicas: args.replicas,
                 load_poll_ms: args.load_poll_ms,
             };
+            let mut cfg = fleet.config(*run);
+            cfg.router.cache_threshold = args.cache_threshold;
+            cfg.router.balance_rel_threshold = args.balance_rel_threshold;
+            cfg.router.balance_abs_threshold = args.balance_abs_threshold;
+            cfg.seed = args.seed.wrapping_add(k as u64);
+            cfg.event_delay_ms = args.event_delay_ms;
             let rep = sim::simulate(&records, &prompts, &cfg)
                 .with_context(|| format!("simulating {name}"))?;
             reports.push((name.clone(), rep));

@@ -81,6 +81,32 @@ fn short_demo_serves_everything_and_the_event_index_matches_the_engines() {
         .find(|l| l.contains("router index vs engines"))
         .unwrap_or_else(|| panic!("no drift line in:\n{stdout}"));
     assert!(drift.contains("phantom 0, missed 0 of "), "{drift}");
+    // The demo's simulated reading is `kvroute simulate` on the same workload and fleet.
+    let sim = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+        .args(["simulate", "--max-requests", "30", "--policies"])
+        .arg("cache_aware,cache_aware_events")
+        .output()
+        .expect("kvroute runs");
+    assert!(sim.status.success());
+    let table = String::from_utf8_lossy(&sim.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("simulated on a virtual clock"))
+        .unwrap_or_else(|| panic!("no simulated line in:\n{stdout}"));
+    for r in runs {
+        let name = r["policy"].as_str().unwrap();
+        let h = r["simulated_hit_rate"].as_f64().unwrap() * 100.0;
+        assert!(line.contains(&format!("{name} {h:.1} %")), "{line}");
+        let row = table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} in:\n{table}"));
+        assert_eq!(
+            row.split_whitespace().nth(3),
+            Some(format!("{h:.1}").as_str()),
+            "{row}"
+        );
+    }
 }
 
 /// Two replicas, request k to replica k mod 2: a conversation's next turn usually reaches the
