@@ -568,6 +568,53 @@ fn unannounced_prefix_follows_the_routers_recent_decision_until_events_arrive() 
     );
 }
 
+/// bug-cases.md B11 on the event index: when every deep holder is hot, the spill goes to the
+/// near-least-loaded worker (load ≤ min + [`SPILL_NEAR_LOAD`]) holding the most leading blocks,
+/// not to the least loaded one that holds nothing, and not to a deeper holder further up.
+#[test]
+fn b11_a_spill_keeps_the_longest_prefix_among_the_near_least_loaded() {
+    use crate::config::{Config, PolicyKind};
+    use crate::policy::{Reason, Router, SPILL_NEAR_LOAD};
+    use crate::route_key::RouteKey;
+
+    let mut router = Router::new(&Config {
+        policy: PolicyKind::CacheAware,
+        ..Config::default()
+    });
+    let mut events = EventIndex::new(16);
+    router.set_event_index(events.reader());
+    let t = toks(0..160); // 10 blocks
+    let hashes: Vec<u64> = (1..=10).collect();
+    let hold = |ix: &mut EventIndex, worker: u32, blocks: usize| {
+        apply(
+            ix,
+            StreamId { worker, rank: 0 },
+            vec![store(&hashes[..blocks], None, &t[..16 * blocks], 16)],
+            0,
+        );
+    };
+    hold(&mut events, 0, 10); // the deep holder, about to be hot
+    hold(&mut events, 1, 2); // a shared head (2 blocks)
+    hold(&mut events, 2, 6); // deeper, but busier
+    let key = RouteKey {
+        model: "m".into(),
+        input_ids: Some(t.clone()),
+        ..RouteKey::default()
+    };
+    // Workers 0 (10 blocks) and 2 (6 blocks, 0.6 of the request) are the deep holders; worker
+    // 1's 2 blocks are 0.2 ≤ 0.3. Mean 18.25 (18.5 below), hot above max(1.5 × mean, mean + 8)
+    // ≈ 27.4: both deep holders are hot.
+    let near = SPILL_NEAR_LOAD;
+    let loads = [30, 1 + near, 40, 1];
+    let d = router.decide(&key, &loads);
+    assert_eq!(d.reason, Reason::Spill, "{d:?}");
+    assert_eq!(d.worker, 1, "the 2-block holder within the margin: {d:?}");
+    // One request more on worker 1 puts it outside the margin: the least loaded wins.
+    let loads = [30, 2 + near, 40, 1];
+    let d = router.decide(&key, &loads);
+    assert_eq!((d.worker, d.reason), (3, Reason::Spill), "{d:?}");
+}
+
 /// B39 at the tracker: a relearn replays from 0, re-applies what was applied (without moving
 /// `last`), buffers live batches meanwhile, drains them after; a second relearn waits for
 /// [`sequence::ORPHAN_REPLAY_EVERY_BATCHES`] batches.
