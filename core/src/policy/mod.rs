@@ -472,7 +472,7 @@ impl Router {
             return d;
         }
         // (matched, request length, candidate tenants, is_tokens)
-        let (matched, len, tenants, tokens) = match (ids, &idx.hash) {
+        let (matched, len, mut tenants, tokens) = match (ids, &idx.hash) {
             (Some(ids), Some(h)) => match h.read().lookup(ns, ids, now) {
                 Some((b, ts)) => (b, ids.len(), ts, true),
                 None => (0, ids.len(), Vec::new(), true),
@@ -496,13 +496,13 @@ impl Router {
         // Holders that are still workers (a tenant id beyond `loads` is a removed worker), in
         // id order: a tie-break then depends on the set and the random draw only, as on the
         // event index (so the simulator's runs compare like with like).
-        let mut holders: Vec<usize> = tenants
-            .iter()
-            .map(|&t| t as usize)
-            .filter(|&w| w < loads.len())
-            .collect();
-        holders.sort_unstable();
-        let holders = || holders.iter().copied();
+        tenants.sort_unstable();
+        let holders = || {
+            tenants
+                .iter()
+                .map(|&t| t as usize)
+                .filter(|&w| w < loads.len())
+        };
         let decision = if ratio > self.cache_threshold && holders().next().is_some() {
             let cool = holders().filter(|&w| !gate.is_hot(loads[w]));
             match least_loaded(loads, cool, rng) {
