@@ -188,15 +188,25 @@ fn cache_aware_keeps_a_conversation_and_misses_on_a_shared_system_prompt() {
             .as_f64()
             .unwrap();
     }
-    // The router read each hit's `cached_tokens` from the relayed body (B37's counters).
-    let metrics = get(addr, "/metrics").text();
-    let hit_tokens = |kind: &str| {
+    // The router read each hit's `cached_tokens` from the relayed body (B37's counters). It
+    // records a hit's four counters one after the other once the client has the last byte,
+    // so a scrape right after the third response may see the third hit half recorded: wait
+    // (2 s at most) for the counters to balance; a real imbalance still fails below.
+    let scrape = || get(addr, "/metrics").text();
+    let count = |m: &str, kind: &str| {
         metric(
-            &metrics,
+            m,
             &format!("kvroute_hit_tokens_total{{worker=\"{w1}\",kind=\"{kind}\"}}"),
         )
-        .unwrap_or_else(|| panic!("{kind}: {metrics}"))
     };
+    let mut metrics = scrape();
+    wait_until(Duration::from_secs(2), || {
+        metrics = scrape();
+        let c = |k| count(&metrics, k).unwrap_or(f64::NAN);
+        c("served") == served && c("predicted") - c("served") == c("phantom") - c("unannounced")
+    });
+    let hit_tokens =
+        |kind: &str| count(&metrics, kind).unwrap_or_else(|| panic!("{kind}: {metrics}"));
     assert!(served > 0.0);
     assert_eq!(hit_tokens("served"), served, "{metrics}");
     assert_eq!(
