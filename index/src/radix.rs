@@ -389,11 +389,45 @@ impl Radix {
         bytes: &[u8],
         max_tenants: usize,
     ) -> RadixMatch {
+        let mut deepest = None;
+        self.walk(ns, bytes, |node, units| deepest = Some((node, units)));
+        match deepest {
+            Some((node, units)) => RadixMatch {
+                units,
+                tenants: most_recent(&self.node(node).holders, max_tenants),
+            },
+            None => RadixMatch::default(),
+        }
+    }
+
+    /// Every tenant holding a prefix of `bytes` in namespace `ns`, with the units of its
+    /// longest one (the depth of the deepest matched node listing it), sorted by tenant.
+    /// Tenants holding none are absent. Cost: the walk of [`Self::match_prefix`] plus the
+    /// holders of the nodes on the path.
+    pub(crate) fn match_depths(&self, ns: Namespace, bytes: &[u8]) -> Vec<(TenantId, usize)> {
+        let mut path = Vec::new();
+        self.walk(ns, bytes, |node, units| path.push((node, units)));
+        let mut depths: Vec<(TenantId, usize)> = Vec::new();
+        // Deepest first: a tenant's first appearance is its deepest node.
+        for &(node, units) in path.iter().rev() {
+            for h in &self.node(node).holders {
+                if !depths.iter().any(|&(t, _)| t == h.tenant) {
+                    depths.push((h.tenant, units));
+                }
+            }
+        }
+        depths.sort_unstable();
+        depths
+    }
+
+    /// Walks the path of `bytes` from namespace `ns`'s node, calling `visit(node, units)` for
+    /// each node it reaches, in depth order, with the units matched up to and including that
+    /// node (a partly matched last edge counts its matched units).
+    fn walk(&self, ns: Namespace, bytes: &[u8], mut visit: impl FnMut(NodeId, usize)) {
         let unit = self.unit;
         let Some(mut cur) = self.ns_node(ns) else {
-            return RadixMatch::default();
+            return;
         };
-        let nsn = cur;
         let mut units = 0usize;
         let mut rest = bytes;
         while !rest.is_empty() {
@@ -406,21 +440,15 @@ impl Radix {
                 units += node.edge_units as usize;
                 rest = &rest[edge.len()..];
                 cur = child;
+                visit(cur, units);
                 continue;
             }
             let common = unit.common(edge, rest);
             if common > 0 {
                 units += unit.count(&edge[..common]);
-                cur = child;
+                visit(child, units);
             }
             break;
-        }
-        if cur == nsn {
-            return RadixMatch::default();
-        }
-        RadixMatch {
-            units,
-            tenants: most_recent(&self.node(cur).holders, max_tenants),
         }
     }
 

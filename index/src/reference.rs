@@ -64,6 +64,21 @@ impl ReferenceStringIndex {
         }
     }
 
+    /// Per tenant, the longest common char prefix of `text` with any of its stored strings;
+    /// tenants whose longest is 0 are absent; sorted by tenant.
+    pub fn match_depths(&self, text: &str) -> Vec<(TenantId, usize)> {
+        let q: Vec<char> = text.chars().collect();
+        let mut best: std::collections::BTreeMap<TenantId, usize> = Default::default();
+        for (s, t) in &self.entries {
+            let lcp = s.iter().zip(&q).take_while(|(a, b)| a == b).count();
+            if lcp > 0 {
+                let e = best.entry(*t).or_default();
+                *e = (*e).max(lcp);
+            }
+        }
+        best.into_iter().collect()
+    }
+
     /// Chars of distinct stored strings of `tenant` counted as a trie would: the number of
     /// distinct non-empty prefixes among them.
     pub fn tenant_chars(&self, tenant: TenantId) -> usize {

@@ -105,6 +105,14 @@ impl StringTree {
         }
     }
 
+    /// Every tenant holding a prefix of `text` in namespace `ns`, with the chars of its
+    /// longest one, sorted by tenant; tenants holding none are absent. Unlike
+    /// [`Self::match_prefix`] this sees the tenants of shallower nodes too (a spill target
+    /// that holds the shared system prompt, bug-cases.md B11).
+    pub fn match_depths(&self, ns: Namespace, text: &str) -> Vec<(TenantId, usize)> {
+        self.radix.match_depths(ns, text.as_bytes())
+    }
+
     /// Removes `tenant` from every node of every namespace, frees nodes left without tenants,
     /// merges a node into its only child when both then hold the same tenants (so churn does
     /// not leave split chains behind, bug B17), and zeroes the tenant's size. Unknown tenant:
@@ -507,6 +515,11 @@ mod tests {
                             mismatches[0] += 1;
                             prop_assert!(false, "query {text:?}: {e}");
                         }
+                        prop_assert_eq!(
+                            tree.match_depths(NS, &text),
+                            reference.match_depths(&text),
+                            "depths of {:?}", text
+                        );
                     }
                     Op::Remove(t) => {
                         tree.remove_tenant(*t);

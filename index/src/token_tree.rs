@@ -82,6 +82,16 @@ impl TokenTree {
         }
     }
 
+    /// Every tenant holding a prefix of `tokens` in namespace `ns`, with the tokens of its
+    /// longest one (whole pages), sorted by tenant (see [`crate::StringTree::match_depths`]).
+    pub fn match_depths(&self, ns: Namespace, tokens: &[u32]) -> Vec<(TenantId, usize)> {
+        let mut d = self.radix.match_depths(ns, self.pages(tokens));
+        for e in &mut d {
+            e.1 *= self.block_size;
+        }
+        d
+    }
+
     /// Removes `tenant` everywhere (see [`crate::StringTree::remove_tenant`]).
     pub fn remove_tenant(&mut self, tenant: TenantId) {
         self.radix.remove_tenant(tenant);
@@ -137,6 +147,20 @@ impl TokenTree {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Per-tenant depths in whole pages: tenant 1 holds 3 pages of the query, tenant 2 the
+    /// first page only, tenant 3 nothing of it; a partial last page never counts.
+    #[test]
+    fn match_depths_per_tenant() {
+        let mut t = TokenTree::new(4, usize::MAX);
+        let q: Vec<u32> = (1..=14).collect();
+        t.insert(0, &q[..12], 1);
+        t.insert(0, &[1, 2, 3, 4, 90, 91, 92, 93], 2);
+        t.insert(0, &[50, 51, 52, 53], 3);
+        assert_eq!(t.match_depths(0, &q), vec![(1, 12), (2, 4)]);
+        assert_eq!(t.match_depths(0, &q[..3]), vec![]);
+        assert_eq!(t.match_depths(1, &q), vec![], "another namespace");
+    }
 
     /// Naive reference: every inserted page sequence kept; LCP in whole pages.
     fn naive(stored: &[(Vec<u32>, TenantId)], q: &[u32], bs: usize) -> (usize, Vec<TenantId>) {

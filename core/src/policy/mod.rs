@@ -123,9 +123,25 @@ impl SpillGate {
 /// preferring the longest prefix"). Measured with `kvroute simulate` over 40 workloads: margin
 /// 0 / 1 / 2 / 4 gave +0.09 / +0.08 / +0.05 / +0.04 points of hit rate against spilling to the
 /// least loaded; at 3,072 blocks +0.08 / +0.16 / +0.18 / +0.05, the worst workload 53.9 / 54.3 /
-/// 54.6 / 54.6 % against 50.9; at twice the arrival rate 0.00 / +0.01 / −0.02 / −0.12. Trees
-/// know only their deepest node's holders, so their spills still go to the least loaded.
+/// 54.6 / 54.6 % against 50.9; at twice the arrival rate 0.00 / +0.01 / −0.02 / −0.12 (events
+/// only; the trees use it too, from [`kvroute_index::StringTree::match_depths`]).
 pub const SPILL_NEAR_LOAD: usize = 1;
+
+/// Where a spill goes (bug-cases.md B11): among workers at most [`SPILL_NEAR_LOAD`] above the
+/// least load, the one holding the longest prefix of the request (`depth(worker)`, in any
+/// unit: blocks, tokens, chars), ties to the least loaded, at random. Never a hot worker: hot
+/// needs a load above the mean + the spill margin. `loads` must not be empty.
+fn spill_target(loads: &[usize], depth: impl Fn(usize) -> usize, rng: &mut impl Rng) -> usize {
+    let min = loads.iter().copied().min().unwrap_or(0);
+    let near = |w: &usize| loads[*w] <= min + SPILL_NEAR_LOAD;
+    let best = (0..loads.len()).filter(near).map(&depth).max();
+    least_loaded(
+        loads,
+        (0..loads.len()).filter(|w| near(w) && Some(depth(*w)) == best),
+        rng,
+    )
+    .unwrap_or(0)
+}
 
 /// The least-loaded of `candidates` (worker ids), ties broken uniformly at random — never by
 /// list order (bug-cases.md B1). `None` when `candidates` is empty.
@@ -313,23 +329,11 @@ impl Router {
                     },
                 }
             }
-            // Every deep holder is hot (bug-cases.md B11): among the near-least-loaded
-            // workers, the one holding the most leading blocks (often the shared system
-            // prompt), so a spill recomputes as little as it can.
-            None if blocks.iter().any(|&b| deep(b)) => {
-                let min = loads.iter().copied().min().unwrap_or(0);
-                let near = |w: &usize| loads[*w] <= min + SPILL_NEAR_LOAD;
-                let best = (0..loads.len()).filter(near).map(|w| blocks[w]).max();
-                Decision {
-                    worker: least_loaded(
-                        loads,
-                        (0..loads.len()).filter(|w| near(w) && Some(blocks[*w]) == best),
-                        rng,
-                    )
-                    .unwrap_or(0),
-                    reason: Reason::Spill,
-                }
-            }
+            // Every deep holder is hot: B11's spill target.
+            None if blocks.iter().any(|&b| deep(b)) => Decision {
+                worker: spill_target(loads, |w| blocks[w], rng),
+                reason: Reason::Spill,
+            },
             // No engine holds enough of the prompt *yet*: engines announce blocks only once
             // they schedule the request, so the followers of a new shared prefix arrive
             // before its stores. The token tree (where the router sent recent requests)
@@ -520,12 +524,24 @@ impl Router {
                         }
                     },
                 },
-                // Every holder is hot: the least-loaded worker, which is never hot unless all
-                // are (hot is monotone in load), and which becomes one more holder below.
-                None => Decision {
-                    worker: least(rng),
-                    reason: Reason::Spill,
-                },
+                // Every holder is hot: B11's spill target (never hot: it is within
+                // SPILL_NEAR_LOAD of the least load), which becomes one more holder below.
+                None => {
+                    let depths = match (ids, &idx.hash) {
+                        (Some(ids), None) => idx.tokens.read().match_depths(ns, ids),
+                        (None, None) => idx.strings.read().match_depths(ns, &key.text),
+                        (_, Some(_)) => Vec::new(),
+                    };
+                    let depth = |w: usize| {
+                        depths
+                            .binary_search_by_key(&(w as TenantId), |e| e.0)
+                            .map_or(0, |i| depths[i].1)
+                    };
+                    Decision {
+                        worker: spill_target(loads, depth, rng),
+                        reason: Reason::Spill,
+                    }
+                }
             }
         } else {
             Decision {
