@@ -4,6 +4,7 @@
 //! `kvroute replay`.
 
 use crate::gateway;
+use crate::simulate::Fleet;
 use anyhow::Context;
 use kvroute_bench::engine::{self, EngineConfig};
 use kvroute_bench::replay::{self, ReplayConfig, ReplayReport};
@@ -43,25 +44,16 @@ fn events_tokenizer() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(kvroute_core::tokens::BUILTIN_QWEN3))
 }
 
-/// Flags of `kvroute demo`.
+/// The workload and fleet flags of `kvroute demo` and `kvroute simulate`.
 #[derive(clap::Args, Debug, Clone)]
-pub struct DemoArgs {
+pub struct FleetArgs {
     /// Replay this Mooncake-format JSONL trace instead of the built-in workload.
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Take only the first N requests of the workload.
     #[arg(long)]
     pub max_requests: Option<usize>,
-    /// Write the comparison as JSON to this file (`replay::comparison_json`; a run on KV
-    /// events also carries `"kv_events"`: the fault counters summed over streams and the
-    /// phantom / missed blocks of the router's index against the engines after the run, summed
-    /// over replicas; a cache-aware run carries `"hit_tokens"`: on its hits, the prompt tokens
-    /// the router predicted cached against those the engines served, with the phantom
-    /// shortfall and unannounced excess, tokens; every run carries `"simulated_hit_rate"`,
-    /// fraction 0–1: the same run on `kvroute simulate`).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Simulated engines to start.
+    /// Simulated engines (started on loopback by `demo`).
     #[arg(long, default_value_t = DEMO_ENGINES)]
     pub engines: usize,
     /// KV capacity of each engine, blocks [default: 4,096 for the built-in workload, 16,384
@@ -74,21 +66,52 @@ pub struct DemoArgs {
     /// Trace time compression (timestamps divided by this).
     #[arg(long, default_value_t = DEMO_TIME_SCALE)]
     pub time_scale: f64,
-    /// Policies to compare, in order (comma-separated); `cache_aware_events` is cache_aware
-    /// routing on the engines' KV events (token mode, engines publish, router subscribes);
-    /// `cache_aware_tokens` is cache_aware on the token tree (token mode, no events).
-    #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL.iter().map(|p| p.to_string()).chain([EVENTS_RUN.to_string()]).collect::<Vec<_>>())]
-    pub policies: Vec<String>,
     /// Router replicas per run, each with its own indexes (and, for the events run, its own
     /// subscription to every engine), behind a round-robin balancer: the k-th request goes
     /// to replica k mod N, so a conversation's turns reach different replicas, as behind an
     /// L4 load balancer in front of a highly available router tier.
     #[arg(long, default_value_t = DEMO_REPLICAS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
     pub replicas: usize,
-    /// Engine load reports every this many ms (`kvroute serve --load-poll-ms`), 0 = off: with
-    /// replicas, each then counts the requests the others sent.
+    /// Engine load reports every this many ms (`kvroute serve --load-poll-ms`; virtual ms in
+    /// `simulate`), 0 = off: with replicas, each then counts the requests the others sent.
     #[arg(long, default_value_t = kvroute_core::config::defaults::LOAD_POLL_MS)]
     pub load_poll_ms: u64,
+}
+
+impl FleetArgs {
+    /// The fleet these flags set up for `records` (KV capacity from [`engine_blocks`]).
+    pub fn fleet(&self, records: &[TraceRecord]) -> Fleet {
+        Fleet {
+            engines: self.engines,
+            num_gpu_blocks: engine_blocks(self.num_gpu_blocks, self.trace.is_some(), records),
+            speedup_ratio: self.speedup_ratio,
+            time_scale: self.time_scale,
+            replicas: self.replicas,
+            load_poll_ms: self.load_poll_ms,
+        }
+    }
+}
+
+/// Flags of `kvroute demo`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Workload and fleet.
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    /// Write the comparison as JSON to this file (`replay::comparison_json`; a run on KV
+    /// events also carries `"kv_events"`: the fault counters summed over streams and the
+    /// phantom / missed blocks of the router's index against the engines after the run, summed
+    /// over replicas; a cache-aware run carries `"hit_tokens"`: on its hits, the prompt tokens
+    /// the router predicted cached against those the engines served, with the phantom
+    /// shortfall and unannounced excess, tokens; every run carries `"simulated_hit_rate"`,
+    /// fraction 0–1: the same run on `kvroute simulate`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Policies to compare, in order (comma-separated); `cache_aware_events` is cache_aware
+    /// routing on the engines' KV events (token mode, engines publish, router subscribes);
+    /// `cache_aware_tokens` is cache_aware on the token tree (token mode, no events).
+    #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL.iter().map(|p| p.to_string()).chain([EVENTS_RUN.to_string()]).collect::<Vec<_>>())]
+    pub policies: Vec<String>,
     /// Gateway shards per replica [default: the cores this process may use].
     #[arg(long)]
     pub shards: Option<usize>,
@@ -200,31 +223,32 @@ pub fn engine_blocks(requested: Option<usize>, trace: bool, records: &[TraceReco
 /// Engines or the gateway cannot start, the trace cannot be read.
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let records = load_records(args.trace.as_deref(), args.max_requests)?;
-    let num_gpu_blocks = engine_blocks(args.num_gpu_blocks, args.trace.is_some(), &records);
+    let records = load_records(args.fleet.trace.as_deref(), args.fleet.max_requests)?;
+    let fleet = args.fleet.fleet(&records);
+    let num_gpu_blocks = fleet.num_gpu_blocks;
     let tokenizer = Arc::new(Tokenizer::qwen3()?);
     let prompts = PromptBuilder::new(
         WordIds::from_tokenizer(&tokenizer)?,
         trace::MOONCAKE_NAMESPACE,
     );
-    let source = match &args.trace {
+    let source = match &args.fleet.trace {
         Some(p) => p.display().to_string(),
         None => "built-in workload".to_string(),
     };
     eprintln!(
         "kvroute demo: {} requests from {source}, {} engines x {} KV blocks, speed-up {}, time scale {}",
         records.len(),
-        args.engines,
+        fleet.engines,
         num_gpu_blocks,
-        args.speedup_ratio,
-        args.time_scale
+        fleet.speedup_ratio,
+        fleet.time_scale
     );
-    let engines: Vec<_> = (0..args.engines)
+    let engines: Vec<_> = (0..fleet.engines)
         .map(|i| {
             let cfg = EngineConfig {
                 listen: "127.0.0.1:0".parse().expect("literal address"),
                 num_gpu_blocks,
-                speedup_ratio: args.speedup_ratio,
+                speedup_ratio: fleet.speedup_ratio,
                 seed: i as u64,
                 kv_events: Some(engine::events::KvEventsConfig {
                     events_addr: "127.0.0.1:0".into(),
@@ -260,7 +284,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             workers: urls.clone(),
             policy,
             shards: args.shards,
-            load_poll_ms: args.load_poll_ms,
+            load_poll_ms: fleet.load_poll_ms,
             ..Config::default()
         };
         if on_tokens {
@@ -279,14 +303,14 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                 })
                 .collect();
         }
-        let servers = (0..args.replicas)
+        let servers = (0..fleet.replicas)
             .map(|_| gateway::start(cfg.clone(), false))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let mut gateways = servers.iter().map(|s| format!("http://{}", s.local_addr()));
         let replay_cfg = ReplayConfig {
             url: gateways.next().expect("at least one replica"),
             replicas: gateways.collect(),
-            time_scale: args.time_scale,
+            time_scale: fleet.time_scale,
             progress: !args.quiet,
             expected_workers: Some(urls.len()),
             model: engine::defaults::MODEL_NAME.to_string(),
@@ -336,14 +360,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     // The same comparison on the simulator: no timing noise, so equal decisions show as equal
     // hit rates (README, "The simulator").
-    let fleet = crate::simulate::Fleet {
-        engines: args.engines,
-        num_gpu_blocks,
-        speedup_ratio: args.speedup_ratio,
-        time_scale: args.time_scale,
-        replicas: args.replicas,
-        load_poll_ms: args.load_poll_ms,
-    };
     let mut simulated = Vec::new();
     for (name, _) in &reports {
         let run: Run = name.parse().map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -2,7 +2,7 @@
 //! ([`kvroute_bench::sim`]): the same policies, engines and workload on a virtual clock, so a
 //! run takes about a second, has no run-to-run noise, and can be repeated over seeds.
 
-use crate::demo::{self, DEMO_ENGINES, DEMO_SPEEDUP_RATIO, DEMO_TIME_SCALE};
+use crate::demo;
 use anyhow::Context;
 use kvroute_bench::engine::EngineConfig;
 use kvroute_bench::replay;
@@ -17,24 +17,9 @@ use std::time::Instant;
 /// Flags of `kvroute simulate`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SimulateArgs {
-    /// Replay this Mooncake-format JSONL trace instead of the built-in workload.
-    #[arg(long)]
-    pub trace: Option<PathBuf>,
-    /// Take only the first N requests of the workload.
-    #[arg(long)]
-    pub max_requests: Option<usize>,
-    /// Simulated engines.
-    #[arg(long, default_value_t = DEMO_ENGINES)]
-    pub engines: usize,
-    /// KV capacity of each engine, blocks [default: as `kvroute demo`].
-    #[arg(long)]
-    pub num_gpu_blocks: Option<usize>,
-    /// Engine speed-up over the timing model.
-    #[arg(long, default_value_t = DEMO_SPEEDUP_RATIO)]
-    pub speedup_ratio: f64,
-    /// Trace time compression (timestamps divided by this).
-    #[arg(long, default_value_t = DEMO_TIME_SCALE)]
-    pub time_scale: f64,
+    /// Workload and fleet (as `kvroute demo`).
+    #[command(flatten)]
+    pub fleet: demo::FleetArgs,
     /// Policies to compare, in order (comma-separated; names as `kvroute demo --policies`).
     #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL.iter().map(|p| p.to_string()).chain([sim::TOKENS_RUN.to_string(), sim::EVENTS_RUN.to_string()]).collect::<Vec<_>>())]
     pub policies: Vec<String>,
@@ -51,13 +36,6 @@ pub struct SimulateArgs {
     /// Virtual ms from an engine step's start until its KV events are in the router's index.
     #[arg(long, default_value_t = sim::DEFAULT_EVENT_DELAY_MS)]
     pub event_delay_ms: f64,
-    /// Router replicas behind a round-robin balancer (as `kvroute demo --replicas`).
-    #[arg(long, default_value_t = demo::DEMO_REPLICAS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
-    pub replicas: usize,
-    /// Engine load reports every this many virtual ms, 0 = off (as `kvroute demo
-    /// --load-poll-ms`).
-    #[arg(long, default_value_t = kvroute_core::config::defaults::LOAD_POLL_MS)]
-    pub load_poll_ms: u64,
     /// cache_aware's match threshold, fraction 0–1 (as `kvroute serve --cache-threshold`).
     #[arg(long, default_value_t = kvroute_core::config::defaults::CACHE_THRESHOLD)]
     pub cache_threshold: f64,
@@ -138,8 +116,8 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         WordIds::from_tokenizer(&tokenizer)?,
         trace::MOONCAKE_NAMESPACE,
     );
-    let file = match &args.trace {
-        Some(p) => Some(demo::load_records(Some(p), args.max_requests)?),
+    let file = match &args.fleet.trace {
+        Some(p) => Some(demo::load_records(Some(p), args.fleet.max_requests)?),
         None => None,
     };
     let mut all: Vec<Vec<(String, SimReport)>> = Vec::with_capacity(args.runs);
@@ -151,23 +129,15 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
                     seed: args.workload_seed.wrapping_add(k as u64),
                     ..WorkloadParams::default()
                 });
-                if let Some(n) = args.max_requests {
+                if let Some(n) = args.fleet.max_requests {
                     r.truncate(n);
                 }
                 r
             }
         };
-        let blocks = demo::engine_blocks(args.num_gpu_blocks, args.trace.is_some(), &records);
+        let fleet = args.fleet.fleet(&records);
         let mut reports = Vec::with_capacity(runs.len());
         for (name, run) in &runs {
-            let fleet = Fleet {
-                engines: args.engines,
-                num_gpu_blocks: blocks,
-                speedup_ratio: args.speedup_ratio,
-                time_scale: args.time_scale,
-                replicas: args.replicas,
-                load_poll_ms: args.load_poll_ms,
-            };
             let mut cfg = fleet.config(*run);
             cfg.router.cache_threshold = args.cache_threshold;
             cfg.router.balance_rel_threshold = args.balance_rel_threshold;
@@ -183,10 +153,10 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
                 "kvroute simulate: {} requests, {} engines x {} KV blocks, speed-up {}, time \
                  scale {} (virtual time)",
                 records.len(),
-                args.engines,
-                blocks,
-                args.speedup_ratio,
-                args.time_scale
+                fleet.engines,
+                fleet.num_gpu_blocks,
+                fleet.speedup_ratio,
+                fleet.time_scale
             );
             print_one(&reports);
         } else {
