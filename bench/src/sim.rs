@@ -190,7 +190,6 @@ struct Live {
     /// Its count on its replica's worker registry, until it finishes.
     _load: LoadGuard,
     arrival_ms: f64,
-    first_ms: Option<f64>,
     reason: Reason,
 }
 
@@ -296,11 +295,10 @@ pub fn simulate(
                 continue;
             }
             for (id, tok) in std::mem::take(&mut slot.outputs) {
-                let (Some(l), s) = (live.get_mut(&id), &mut samples[id as usize]) else {
+                let (Some(l), s) = (live.get(&id), &mut samples[id as usize]) else {
                     continue;
                 };
                 if let Some(p) = tok.prompt {
-                    l.first_ms = Some(t);
                     s.prompt_tokens = u64::from(p.prompt_tokens);
                     s.cached_tokens = u64::from(p.cached_tokens);
                     s.ttft_us = Some(((t - l.arrival_ms) * 1e3) as u64);
@@ -379,7 +377,6 @@ pub fn simulate(
                         Live {
                             _load: workers.acquire(d.worker),
                             arrival_ms: t,
-                            first_ms: None,
                             reason: d.reason,
                         },
                     );
