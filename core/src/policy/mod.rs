@@ -129,8 +129,10 @@ pub const SPILL_NEAR_LOAD: usize = 1;
 
 /// Where a spill goes (bug-cases.md B11): among workers at most [`SPILL_NEAR_LOAD`] above the
 /// least load, the one holding the longest prefix of the request (`depth(worker)`, in any
-/// unit: blocks, tokens, chars), ties to the least loaded, at random. Never a hot worker: hot
-/// needs a load above the mean + the spill margin. `loads` must not be empty.
+/// unit: blocks, tokens, chars), ties to the least loaded, at random. Not a hot worker while
+/// the spill margin (`balance_abs_threshold`) is at least [`SPILL_NEAR_LOAD`]: hot needs a
+/// load above the mean + the margin, and the mean is at least the least load. `loads` must not
+/// be empty.
 fn spill_target(loads: &[usize], depth: impl Fn(usize) -> usize, rng: &mut impl Rng) -> usize {
     let min = loads.iter().copied().min().unwrap_or(0);
     let near = |w: &usize| loads[*w] <= min + SPILL_NEAR_LOAD;
@@ -524,8 +526,8 @@ impl Router {
                         }
                     },
                 },
-                // Every holder is hot: B11's spill target (never hot: it is within
-                // SPILL_NEAR_LOAD of the least load), which becomes one more holder below.
+                // Every holder is hot: B11's spill target, which becomes one more holder
+                // below.
                 None => {
                     let depths = match (ids, &idx.hash) {
                         (Some(ids), None) => idx.tokens.read().match_depths(ns, ids),
