@@ -286,6 +286,24 @@ pub struct HitTokens {
     pub unannounced_hits: u64,
 }
 
+impl std::fmt::Display for HitTokens {
+    /// One line for the demo and the simulator: `on hits the router predicted P cached tokens,
+    /// engines served S: phantom X (x % of predicted), unannounced U in H hits`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "on hits the router predicted {} cached tokens, engines served {}: phantom {} \
+             ({:.1} % of predicted), unannounced {} in {} hits",
+            self.predicted,
+            self.served,
+            self.phantom,
+            100.0 * self.phantom as f64 / self.predicted.max(1) as f64,
+            self.unannounced,
+            self.unannounced_hits,
+        )
+    }
+}
+
 impl HitTokens {
     /// Adds one hit that predicted `predicted` tokens and was served `served`.
     pub fn add(&mut self, predicted: u64, served: u64) {

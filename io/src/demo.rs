@@ -223,6 +223,16 @@ pub fn engine_blocks(requested: Option<usize>, trace: bool, records: &[TraceReco
 /// Engines or the gateway cannot start, the trace cannot be read.
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    let runs = args
+        .policies
+        .iter()
+        .map(|name| {
+            let run: Run = name
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--policies: {e}"))?;
+            Ok((name.clone(), run))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let records = load_records(args.fleet.trace.as_deref(), args.fleet.max_requests)?;
     let fleet = args.fleet.fleet(&records);
     let num_gpu_blocks = fleet.num_gpu_blocks;
@@ -269,10 +279,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut notes = Vec::new();
     // (policy, field, value) added to that policy's entry in the `--out` JSON.
     let mut extras: Vec<(String, &str, serde_json::Value)> = Vec::new();
-    for name in &args.policies {
-        let run: Run = name
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--policies: {e}"))?;
+    for (name, run) in &runs {
         let on_events = run.routing == Routing::Events;
         let on_tokens = run.routing != Routing::Text;
         let policy = run.policy;
@@ -361,9 +368,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     // The same comparison on the simulator: no timing noise, so equal decisions show as equal
     // hit rates (README, "The simulator").
     let mut simulated = Vec::new();
-    for (name, _) in &reports {
-        let run: Run = name.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
-        let rep = kvroute_bench::sim::simulate(&records, &prompts, &fleet.config(run))
+    for (name, run) in &runs {
+        let rep = kvroute_bench::sim::simulate(&records, &prompts, &fleet.config(*run))
             .with_context(|| format!("simulating {name}"))?;
         simulated.push(format!("{name} {:.1} %", rep.replay.hit_rate * 100.0));
         extras.push((
@@ -436,16 +442,7 @@ fn routing_note(metrics: &str) -> String {
         ));
     }
     if let Some(h) = hit_tokens_of(metrics) {
-        line.push_str(&format!(
-            "; on hits the router predicted {} cached tokens, engines served {}: phantom {} \
-             ({:.1} % of predicted), unannounced {} in {} hits",
-            h.predicted,
-            h.served,
-            h.phantom,
-            100.0 * h.phantom as f64 / h.predicted.max(1) as f64,
-            h.unannounced,
-            h.unannounced_hits,
-        ));
+        line.push_str(&format!("; {h}"));
     }
     line
 }

@@ -65,12 +65,16 @@ fn poll(t: &Target, timeout: Duration) -> std::io::Result<Option<usize>> {
     )?;
     let mut resp = Vec::new();
     s.take(MAX_METRICS_BYTES).read_to_end(&mut resp)?;
-    let Some(head_end) = memchr::memmem::find(&resp, b"\r\n\r\n") else {
+    // The gateway's own response-head parser; a malformed or cut head is no report.
+    let Ok(Some((head, len))) = crate::http1::parse_response_head(
+        &resp,
+        "GET",
+        kvroute_core::config::defaults::MAX_HEAD_BYTES,
+    ) else {
         return Ok(None);
     };
-    let ok = resp.starts_with(b"HTTP/1.1 200") || resp.starts_with(b"HTTP/1.0 200");
-    let body = String::from_utf8_lossy(&resp[head_end + 4..]);
-    Ok(ok
+    let body = String::from_utf8_lossy(&resp[len..]);
+    Ok((head.status == 200)
         .then(|| kvroute_core::load::engine_requests(&body))
         .flatten())
 }

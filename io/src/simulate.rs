@@ -196,18 +196,8 @@ fn print_one(reports: &[(String, SimReport)]) {
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
         let mut line = format!("{name}: {}", decisions.join(", "));
-        let h = &r.hit_tokens;
-        if h.predicted > 0 {
-            line.push_str(&format!(
-                "; on hits predicted {} cached tokens, served {}: phantom {} ({:.1} %), \
-                 unannounced {} in {} hits",
-                h.predicted,
-                h.served,
-                h.phantom,
-                100.0 * h.phantom as f64 / h.predicted as f64,
-                h.unannounced,
-                h.unannounced_hits
-            ));
+        if r.hit_tokens.predicted > 0 {
+            line.push_str(&format!("; {}", r.hit_tokens));
         }
         if let Some(d) = r.index_drift {
             line.push_str(&format!(
