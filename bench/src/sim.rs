@@ -4,7 +4,7 @@
 //! demo-sized run takes well under a second.
 //!
 //! What it shares with `kvroute demo` and what it leaves out:
-//! - **Same code**: the policy ([`Router::decide_with`], a seeded RNG breaking load ties), the
+//! - **Same code**: the policy ([`Router::decide`] then [`Router::record`], a seeded RNG breaking load ties), the
 //!   router's trees, the engine's block manager, scheduler and timing model, the KV-event wire
 //!   format (each step's events are encoded as vLLM does, decoded by
 //!   [`kvroute_core::events::decode`] and applied through [`Consumer`] into an [`EventIndex`]).
@@ -27,9 +27,9 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use kvroute_core::config::{Config, PolicyKind};
 use kvroute_core::events::{Consumer, EventIndex, Input, StreamId, Tier};
-use kvroute_core::load::LoadGuard;
+use kvroute_core::workers::LoadGuard;
 use kvroute_core::metrics::HitTokens;
-use kvroute_core::policy::{Reason, Router};
+use kvroute_core::policy::{Reason, Router, Snapshot};
 use kvroute_core::route_key::RouteKey;
 use kvroute_core::workers::Workers;
 use rand::SeedableRng;
@@ -254,6 +254,7 @@ pub fn simulate(
         })
         .collect::<Result<Vec<_>, kvroute_core::CoreError>>()
         .expect("sim worker urls are valid");
+    let all_engines: Vec<usize> = (0..cfg.engines).collect();
     let poll_ms = cfg.router.load_poll_ms as f64;
     let mut next_poll = (cfg.router.load_poll_ms > 0).then_some(0.0f64);
     let stream_base = SplitMix64::from_state(cfg.seed).next_u64();
@@ -341,7 +342,9 @@ pub fn simulate(
             for (_, workers) in &replicas {
                 for (w, slot) in slots.iter().enumerate() {
                     let st = slot.core.stats();
-                    workers.get(w).report(Some(st.running + st.waiting));
+                    if let Some(worker) = workers.get(w) {
+                        worker.report(Some(st.running + st.waiting));
+                    }
                 }
             }
             next_poll = Some(t + poll_ms);
@@ -363,7 +366,18 @@ pub fn simulate(
             // different policies diverge only where their indexes differ.
             let mut rng = StdRng::seed_from_u64(stream_base.wrapping_add(next as u64));
             let (router, workers) = &replicas[next % replicas.len()];
-            let d = router.decide_with(&key, &workers.loads(), t as u64, &mut rng);
+            // The gateway's two steps: a read-only decision on a snapshot of every engine
+            // (all eligible: the simulator has no faults), then the record, since the request
+            // is committed to its engine at once. `seq` counts this replica's requests.
+            let loads = workers.loads();
+            let snap = Snapshot {
+                loads: &loads,
+                eligible: &all_engines,
+                seq: (next / replicas.len()) as u64,
+                now_ms: t as u64,
+            };
+            let d = router.decide(&snap, &key, &mut rng);
+            router.record(&key, &d, t as u64);
             *report.decisions.entry(d.reason.as_str()).or_default() += 1;
             let s = &mut samples[next];
             s.worker = Some(format!("sim-{}", d.worker));
@@ -375,7 +389,10 @@ pub fn simulate(
                     live.insert(
                         next as u64,
                         Live {
-                            _load: workers.acquire(d.worker),
+                            _load: workers
+                                .get(d.worker)
+                                .expect("sim workers are never removed")
+                                .acquire(),
                             arrival_ms: t,
                             reason: d.reason,
                         },

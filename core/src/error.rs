@@ -35,6 +35,12 @@ pub enum CoreError {
         /// The normalised URL.
         url: String,
     },
+    /// The admin API listens beyond loopback without `admin_api_key`.
+    #[error("config: `admin_listen` {listen} is not loopback: set `admin_api_key` (--admin-api-key)")]
+    AdminKeyRequired {
+        /// The address given.
+        listen: String,
+    },
     /// An unknown policy name.
     #[error("unknown policy {0:?} (expected round_robin, least_request or cache_aware)")]
     UnknownPolicy(String),
@@ -84,7 +90,8 @@ impl CoreError {
             | CoreError::NoWorkers
             | CoreError::BadWorkerUrl { .. }
             | CoreError::DuplicateWorker { .. }
-            | CoreError::UnknownPolicy(_) => "config",
+            | CoreError::UnknownPolicy(_)
+            | CoreError::AdminKeyRequired { .. } => "config",
             CoreError::BodyNotJson { .. } => "not_json",
             CoreError::BodyNotObject => "not_object",
             CoreError::MissingField { .. } => "missing_field",

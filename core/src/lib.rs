@@ -4,17 +4,21 @@
 //! Main types:
 //! - [`config::Config`]: every setting, with one default each in [`config::defaults`].
 //! - [`workers::Workers`]: the worker registry with atomic in-flight counts shared by all
-//!   shards; [`load::LoadGuard`] is the RAII token that counts one request.
+//!   shards, changed at run time; [`workers::LoadGuard`] is the RAII token that counts one
+//!   request, [`health`] the breaker, health and retry state machines.
 //! - [`route_key::RouteKey`]: what routing needs from a request body.
 //! - [`tokens::Tokenizers`] / [`tokens::ShardTokenizers`]: token ids for routing (body,
 //!   `x-kvroute-routing-tokens` header, or the rendered prompt tokenized incrementally).
-//! - [`policy::Router`]: `decide(key, loads) -> Decision`, a function of the request and a
-//!   snapshot of worker loads (plus the router's own approximate index).
+//! - [`policy::Router`]: `decide(snapshot, key, rng) -> Decision`, a read-only function of
+//!   the request, a [`policy::Snapshot`] of the eligible workers and their loads, and the
+//!   router's indexes; `record(key, decision)` writes the chosen worker into the indexes once
+//!   the request is committed to it.
 //! - [`metrics::Metrics`]: Prometheus counters and histograms.
 
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod health;
 pub mod load;
 pub mod metrics;
 pub mod policy;

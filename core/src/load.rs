@@ -1,36 +1,5 @@
-//! [`LoadGuard`]: one request counted on one worker, released exactly once; and
-//! [`engine_requests`]: an engine's own load report, read from its `/metrics`.
-
-use crate::workers::Worker;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-
-/// RAII token for one in-flight request: made by [`crate::workers::Workers::acquire`] before
-/// the request is sent, dropped when the response body ends, fails, or the client goes away
-/// (bug-cases.md B1, B7). `Drop` decrements exactly once.
-#[derive(Debug)]
-pub struct LoadGuard {
-    worker: Arc<Worker>,
-}
-
-impl LoadGuard {
-    pub(crate) fn new(worker: Arc<Worker>) -> Self {
-        worker.in_flight.fetch_add(1, Ordering::Relaxed);
-        worker.processed.fetch_add(1, Ordering::Relaxed);
-        Self { worker }
-    }
-
-    /// The worker this guard counts on.
-    pub fn worker_id(&self) -> usize {
-        self.worker.id
-    }
-}
-
-impl Drop for LoadGuard {
-    fn drop(&mut self) {
-        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
+//! [`engine_requests`]: an engine's own load report, read from its `/metrics`. (The
+//! per-request load token, `LoadGuard`, lives with the registry in [`crate::workers`].)
 
 /// Running and waiting request gauges, by engine: vLLM (`vllm:num_requests_running`,
 /// `vllm:num_requests_waiting`), SGLang up to v0.5.3 (`sglang:` prefix) and from v0.5.4

@@ -1,30 +1,162 @@
-//! [`Metrics`]: the gateway's Prometheus metrics (prometheus-client), shared by all shards.
+//! [`Metrics`]: the gateway's Prometheus metrics (prometheus-client), shared by all shards,
+//! exposed in the Prometheus text format 0.0.4 or OpenMetrics 1.0 ([`Format`]).
+//!
+//! Every per-worker family is labelled `worker` = the worker's dense id (`"0"`, `"1"`, …, as
+//! in [`Workers`] and `/admin/cache-view/{worker}`), never its URL.
 //!
 //! | metric | type | labels |
 //! |---|---|---|
-//! | `kvroute_requests_total` | counter | `route`, `status` |
+//! | `kvroute_requests_total` | counter | `route`, `status`, `model`, `worker` (`""` when none was chosen) |
 //! | `kvroute_worker_requests_total` | counter | `worker` |
 //! | `kvroute_decisions_total` | counter | `policy`, `reason` (`hit`, `miss`, `spill`, ...) |
-//! | `kvroute_upstream_errors_total` | counter | `worker`, `kind` |
+//! | `kvroute_worker_errors_total` | counter | `worker`, `kind` ([`Metrics::on_worker_error`]) |
+//! | `kvroute_retries_total` | counter | `worker` (the one that failed), `reason` |
+//! | `kvroute_migrations_total` | counter | `worker`, `outcome` |
 //! | `kvroute_bad_requests_total` | counter | `reason` |
 //! | `kvroute_token_source_total` | counter | `source` (`none`, `body`, `header`, `prompt`) |
 //! | `kvroute_routing_tokens_rejected_total` | counter | `reason` (`too_long`, `too_many`, `malformed`) |
 //! | `kvroute_tokenize_tokens_total` | counter | `how` (`reused`, `encoded`) |
 //! | `kvroute_hit_tokens_total` | counter | `worker`, `kind` (`predicted`, `served`, `phantom`, `unannounced`) |
 //! | `kvroute_unannounced_hits_total` | counter | `worker` |
-//! | `kvroute_request_duration_seconds` | histogram | — |
+//! | `kvroute_request_duration_seconds` | histogram | `route` (request accepted → response end) |
+//! | `kvroute_ttft_seconds` | histogram | `route` (request accepted → first body byte relayed) |
+//! | `kvroute_router_added_seconds` | histogram | `phase` ([`Phase`]) |
 //! | `kvroute_worker_in_flight` | gauge | `worker` (read from [`Workers`] at scrape time) |
 //! | `kvroute_worker_foreign_requests` | gauge | `worker` (the last engine load report's requests from elsewhere) |
+//! | `kvroute_worker_healthy` | gauge | `worker` (0/1, [`Metrics::set_worker_state`]) |
+//! | `kvroute_worker_breaker_state` | gauge | `worker` ([`Breaker`]: 0 closed, 1 half-open, 2 open) |
+//! | `kvroute_worker_draining` | gauge | `worker` (0/1) |
+//! | `kvroute_index_size` | gauge | `index`, `model` ([`Metrics::set_index_sizes`], at scrape time) |
+//! | `kvroute_kv_events_{batches,events,gaps,replays,unrecoverable_gaps,restarts,duplicates,decode_errors,orphans,orphan_replays,size_mismatches}_total` | counter | `worker`, `rank` ([`Metrics::set_event_streams`]) |
+//! | `kvroute_kv_events_last_seq` | gauge | `worker`, `rank` |
+//! | `kvroute_kv_indexed_blocks` | gauge | `worker`, `rank` |
+//!
+//! Histogram buckets are [`LATENCY_BUCKETS`] for all three histograms.
+
+mod by_url;
+mod scrape;
+#[cfg(test)]
+mod tests;
+
+pub use scrape::{IndexSize, StreamSample};
 
 use crate::workers::Workers;
-use prometheus_client::encoding::text::encode;
+use by_url::{Pending, UrlIds};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
 
 type Labels = Vec<(&'static str, String)>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Upper bounds of every latency histogram's buckets, seconds (`+Inf` is added by
+/// prometheus-client). Where they come from: the 1–2.5–5 series of the Prometheus client
+/// libraries' default buckets (`DefBuckets`, 5 ms … 10 s), extended down to 100 µs so the
+/// router's own added time (tens of µs to a few ms) resolves, and up to 60 s for long
+/// generations; anything longer falls in `+Inf` (its exact share stays in `_sum`/`_count`).
+pub const LATENCY_BUCKETS: [f64; 18] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+];
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+/// An exposition format of `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Prometheus text format 0.0.4: `# TYPE` names the sample family the classic parser
+    /// expects (`x_total` for a counter), no `# EOF`.
+    Prometheus,
+    /// OpenMetrics 1.0.0 text, prometheus-client's own output (`# TYPE x counter` above
+    /// `x_total` samples, closing `# EOF`).
+    OpenMetrics,
+}
+
+impl Format {
+    /// The format for a request whose `Accept` header is `accept`: [`Format::OpenMetrics`]
+    /// when it lists `application/openmetrics-text` (any version, with a
+    /// `q` other than 0), else [`Format::Prometheus`] — the Prometheus server's own
+    /// negotiation, and what a client without `Accept` (curl, old scrapers) gets.
+    pub fn negotiate(accept: Option<&[u8]>) -> Format {
+        if accept.is_some_and(accepts_openmetrics) {
+            Format::OpenMetrics
+        } else {
+            Format::Prometheus
+        }
+    }
+
+    /// The `Content-Type` of a response in this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Prometheus => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+}
+
+/// Whether one `Accept` value has a media range `application/openmetrics-text` not refused
+/// with `q=0`.
+fn accepts_openmetrics(value: &[u8]) -> bool {
+    let Ok(value) = std::str::from_utf8(value) else {
+        return false;
+    };
+    value.split(',').any(|range| {
+        let mut parts = range.split(';').map(str::trim);
+        let media = parts.next().unwrap_or_default();
+        media.eq_ignore_ascii_case("application/openmetrics-text")
+            && !parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f64>().ok())
+                    .is_some_and(|q| q == 0.0)
+            })
+    })
+}
+
+/// Where router-added time is spent, the `phase` of `kvroute_router_added_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Request accepted (head read) → request sent upstream: parse, tokenize, decide, connect.
+    Request,
+    /// First upstream byte read → written to the client (first chunk's relay).
+    Response,
+}
+
+impl Phase {
+    /// The label value: `request` or `response`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Request => "request",
+            Phase::Response => "response",
+        }
+    }
+}
+
+/// A worker's circuit-breaker state, the value of `kvroute_worker_breaker_state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Breaker {
+    /// Requests flow (0).
+    Closed = 0,
+    /// One probe request allowed (1).
+    HalfOpen = 1,
+    /// No requests sent (2).
+    Open = 2,
+}
+
+/// A worker's state for the `kvroute_worker_{healthy,breaker_state,draining}` gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerState {
+    /// Passing health checks (gauge 1) or not (0).
+    pub healthy: bool,
+    /// Its circuit breaker.
+    pub breaker: Breaker,
+    /// Being drained: no new requests, in-flight ones finish (1).
+    pub draining: bool,
+}
 
 /// The gateway's metrics. `Send + Sync`; every recording method takes `&self`.
 pub struct Metrics {
@@ -32,16 +164,25 @@ pub struct Metrics {
     requests: Family<Labels, Counter>,
     worker_requests: Family<Labels, Counter>,
     decisions: Family<Labels, Counter>,
-    upstream_errors: Family<Labels, Counter>,
+    worker_errors: Family<Labels, Counter>,
+    retries: Family<Labels, Counter>,
+    migrations: Family<Labels, Counter>,
     bad_requests: Family<Labels, Counter>,
     token_sources: Family<Labels, Counter>,
     header_rejected: Family<Labels, Counter>,
     tokenize_tokens: Family<Labels, Counter>,
     hit_tokens: Family<Labels, Counter>,
     unannounced_hits: Family<Labels, Counter>,
-    duration: Histogram,
+    duration: Histograms,
+    ttft: Histograms,
+    router_added: Histograms,
     in_flight: Family<Labels, Gauge>,
     foreign: Family<Labels, Gauge>,
+    healthy: Family<Labels, Gauge>,
+    breaker: Family<Labels, Gauge>,
+    draining: Family<Labels, Gauge>,
+    scraped: Arc<scrape::ScrapeValues>,
+    urls: UrlIds,
 }
 
 impl Default for Metrics {
@@ -50,109 +191,156 @@ impl Default for Metrics {
     }
 }
 
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn worker_label(worker: usize) -> String {
+    worker.to_string()
+}
+
 impl Metrics {
-    /// Registers every metric (all start at zero).
+    /// Registers every metric (all start at zero; labelled families appear with their first
+    /// sample).
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let requests = Family::<Labels, Counter>::default();
-        let worker_requests = Family::<Labels, Counter>::default();
-        let decisions = Family::<Labels, Counter>::default();
-        let upstream_errors = Family::<Labels, Counter>::default();
-        let bad_requests = Family::<Labels, Counter>::default();
-        let token_sources = Family::<Labels, Counter>::default();
-        let header_rejected = Family::<Labels, Counter>::default();
-        let tokenize_tokens = Family::<Labels, Counter>::default();
-        let hit_tokens = Family::<Labels, Counter>::default();
-        let unannounced_hits = Family::<Labels, Counter>::default();
-        registry.register(
+        let histograms = || Histograms::new_with_constructor(latency_histogram as fn() -> _);
+        let m = Metrics {
+            requests: Family::default(),
+            worker_requests: Family::default(),
+            decisions: Family::default(),
+            worker_errors: Family::default(),
+            retries: Family::default(),
+            migrations: Family::default(),
+            bad_requests: Family::default(),
+            token_sources: Family::default(),
+            header_rejected: Family::default(),
+            tokenize_tokens: Family::default(),
+            hit_tokens: Family::default(),
+            unannounced_hits: Family::default(),
+            duration: histograms(),
+            ttft: histograms(),
+            router_added: histograms(),
+            in_flight: Family::default(),
+            foreign: Family::default(),
+            healthy: Family::default(),
+            breaker: Family::default(),
+            draining: Family::default(),
+            scraped: Arc::default(),
+            urls: UrlIds::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "kvroute_requests",
+            "Responses sent, by route, status, model and worker id (empty when none was chosen)",
+            m.requests.clone(),
+        );
+        r.register(
+            "kvroute_worker_requests",
+            "Requests proxied, by worker id",
+            m.worker_requests.clone(),
+        );
+        r.register(
+            "kvroute_decisions",
+            "Routing decisions, by policy and reason",
+            m.decisions.clone(),
+        );
+        r.register(
+            "kvroute_worker_errors",
+            "Failed exchanges with workers, by worker id and kind",
+            m.worker_errors.clone(),
+        );
+        r.register(
+            "kvroute_retries",
+            "Requests retried on another worker, by the worker id that failed and reason",
+            m.retries.clone(),
+        );
+        r.register(
+            "kvroute_migrations",
+            "Streams migrated away from a worker, by worker id and outcome",
+            m.migrations.clone(),
+        );
+        r.register(
+            "kvroute_bad_requests",
+            "Requests refused as invalid, by reason",
+            m.bad_requests.clone(),
+        );
+        r.register(
+            "kvroute_token_source",
+            "Routed requests by where their token ids came from",
+            m.token_sources.clone(),
+        );
+        r.register(
+            "kvroute_routing_tokens_rejected",
+            "x-kvroute-routing-tokens headers ignored, by reason",
+            m.header_rejected.clone(),
+        );
+        r.register(
+            "kvroute_tokenize_tokens",
+            "Prompt tokens produced by the router, reused from the prefix cache or encoded",
+            m.tokenize_tokens.clone(),
+        );
+        r.register(
             "kvroute_hit_tokens",
             "Cache hits: prompt tokens the router predicted the worker holds, the tokens the \
              engine served from its cache (usage.prompt_tokens_details.cached_tokens), and the \
              shortfall (phantom) and excess (unannounced) of served against predicted",
-            hit_tokens.clone(),
+            m.hit_tokens.clone(),
         );
-        registry.register(
+        r.register(
             "kvroute_unannounced_hits",
             "Cache hits where the engine served more cached tokens than the router predicted \
              (bug-cases.md B37)",
-            unannounced_hits.clone(),
+            m.unannounced_hits.clone(),
         );
-        registry.register(
-            "kvroute_token_source",
-            "Routed requests by where their token ids came from",
-            token_sources.clone(),
+        r.register(
+            "kvroute_request_duration_seconds",
+            "Time from accepting a request to the end of its response, by route, seconds",
+            m.duration.clone(),
         );
-        registry.register(
-            "kvroute_routing_tokens_rejected",
-            "x-kvroute-routing-tokens headers ignored, by reason",
-            header_rejected.clone(),
+        r.register(
+            "kvroute_ttft_seconds",
+            "Router-observed time to first token: request accepted to first response body byte \
+             relayed, by route, seconds",
+            m.ttft.clone(),
         );
-        registry.register(
-            "kvroute_tokenize_tokens",
-            "Prompt tokens produced by the router, reused from the prefix cache or encoded",
-            tokenize_tokens.clone(),
+        r.register(
+            "kvroute_router_added_seconds",
+            "Time the router adds, by phase: request (accepted to sent upstream) and response \
+             (first upstream byte to written to the client), seconds",
+            m.router_added.clone(),
         );
-        // 1 ms … ~33 min in ×2 steps: TTFT-scale to long generations.
-        let duration = Histogram::new(exponential_buckets(0.001, 2.0, 22));
-        let in_flight = Family::<Labels, Gauge>::default();
-        let foreign = Family::<Labels, Gauge>::default();
-        registry.register(
+        r.register(
+            "kvroute_worker_in_flight",
+            "Requests in flight, by worker id",
+            m.in_flight.clone(),
+        );
+        r.register(
             "kvroute_worker_foreign_requests",
             "Requests the engine runs or queues that this router did not send, from its last \
              load report (0 when load reports are off)",
-            foreign.clone(),
+            m.foreign.clone(),
         );
-        registry.register(
-            "kvroute_requests",
-            "Responses sent, by route and status",
-            requests.clone(),
+        r.register(
+            "kvroute_worker_healthy",
+            "Whether the worker passes health checks (1) or not (0)",
+            m.healthy.clone(),
         );
-        registry.register(
-            "kvroute_worker_requests",
-            "Requests proxied, by worker",
-            worker_requests.clone(),
+        r.register(
+            "kvroute_worker_breaker_state",
+            "The worker's circuit breaker: 0 closed, 1 half-open, 2 open",
+            m.breaker.clone(),
         );
-        registry.register(
-            "kvroute_decisions",
-            "Routing decisions, by policy and reason",
-            decisions.clone(),
+        r.register(
+            "kvroute_worker_draining",
+            "Whether the worker is being drained (1) or not (0)",
+            m.draining.clone(),
         );
-        registry.register(
-            "kvroute_upstream_errors",
-            "Failed exchanges with workers, by kind",
-            upstream_errors.clone(),
-        );
-        registry.register(
-            "kvroute_bad_requests",
-            "Requests refused as invalid, by reason",
-            bad_requests.clone(),
-        );
-        registry.register(
-            "kvroute_request_duration_seconds",
-            "Time from routing to the end of the response, s",
-            duration.clone(),
-        );
-        registry.register(
-            "kvroute_worker_in_flight",
-            "Requests in flight, by worker",
-            in_flight.clone(),
-        );
-        Self {
-            registry,
-            requests,
-            worker_requests,
-            decisions,
-            upstream_errors,
-            bad_requests,
-            token_sources,
-            header_rejected,
-            tokenize_tokens,
-            hit_tokens,
-            unannounced_hits,
-            duration,
-            in_flight,
-            foreign,
-        }
+        r.register_collector(Box::new(m.scraped.clone()));
+        Metrics { registry, ..m }
     }
 
     /// One routing decision.
@@ -165,31 +353,113 @@ impl Metrics {
             .inc();
     }
 
-    /// One response sent for `route`; `worker` empty when none was chosen; `seconds` from
-    /// routing to the end of the response.
-    pub fn on_response(&self, route: &str, status: u16, worker: &str, seconds: f64) {
+    /// One response sent for `route` (`/v1/completions`, ...) with `status`, for `model`
+    /// (`""` when unknown), proxied to `worker` (`None` when none was chosen); `seconds` from
+    /// accepting the request to the end of its response. Counts `kvroute_requests_total`,
+    /// `kvroute_worker_requests_total` (with a worker) and observes
+    /// `kvroute_request_duration_seconds{route}`.
+    pub fn on_request_done(
+        &self,
+        route: &str,
+        status: u16,
+        model: &str,
+        worker: Option<usize>,
+        seconds: f64,
+    ) {
+        self.count_request(route, status, model, worker);
+        self.duration
+            .get_or_create(&vec![("route", route.to_string())])
+            .observe(seconds);
+    }
+
+    fn count_request(&self, route: &str, status: u16, model: &str, worker: Option<usize>) {
         self.requests
             .get_or_create(&vec![
                 ("route", route.to_string()),
                 ("status", status.to_string()),
+                ("model", model.to_string()),
+                ("worker", worker.map(worker_label).unwrap_or_default()),
             ])
             .inc();
-        if !worker.is_empty() {
+        if let Some(w) = worker {
             self.worker_requests
-                .get_or_create(&vec![("worker", worker.to_string())])
+                .get_or_create(&vec![("worker", worker_label(w))])
                 .inc();
-            self.duration.observe(seconds);
         }
     }
 
-    /// A failed exchange with `worker` (`kind`: connect, timeout, upstream, client_gone, ...).
-    pub fn on_upstream_error(&self, worker: &str, kind: &str) {
-        self.upstream_errors
+    /// One response sent for `route`; `worker` is the worker's URL, empty when none was
+    /// chosen; `seconds` from routing to the end of the response (observed only with a
+    /// worker). Kept for callers that know the URL: like [`Metrics::on_request_done`] with
+    /// model `""` and the URL's worker id (resolved as [`Metrics::learn_workers`] says).
+    pub fn on_response(&self, route: &str, status: u16, worker: &str, seconds: f64) {
+        if worker.is_empty() {
+            self.count_request(route, status, "", None);
+            return;
+        }
+        self.duration
+            .get_or_create(&vec![("route", route.to_string())])
+            .observe(seconds);
+        let pending = Pending::Response {
+            route: route.to_string(),
+            status,
+        };
+        self.by_url(worker, pending, 1);
+    }
+
+    /// A failed exchange with `worker` (id), `kind` one of `connect`, `timeout`,
+    /// `first_byte_timeout`, `upstream`, `status_5xx`, `upstream_body`, `client_gone`
+    /// (`kvroute_worker_errors_total`).
+    pub fn on_worker_error(&self, worker: usize, kind: &str) {
+        self.worker_errors
             .get_or_create(&vec![
-                ("worker", worker.to_string()),
+                ("worker", worker_label(worker)),
                 ("kind", kind.to_string()),
             ])
             .inc();
+    }
+
+    /// A failed exchange with the worker at URL `worker`: [`Metrics::on_worker_error`] with
+    /// its id (resolved as [`Metrics::learn_workers`] says).
+    pub fn on_upstream_error(&self, worker: &str, kind: &str) {
+        self.by_url(worker, Pending::Error(kind.to_string()), 1);
+    }
+
+    /// A request retried on another worker after `worker` (id) failed it for `reason`
+    /// (`kvroute_retries_total`; the error kinds of [`Metrics::on_worker_error`]).
+    pub fn on_retry(&self, worker: usize, reason: &str) {
+        self.retries
+            .get_or_create(&vec![
+                ("worker", worker_label(worker)),
+                ("reason", reason.to_string()),
+            ])
+            .inc();
+    }
+
+    /// A stream migrated away from `worker` (id) with `outcome` (e.g. `resumed`, `failed`)
+    /// (`kvroute_migrations_total`).
+    pub fn on_migration(&self, worker: usize, outcome: &str) {
+        self.migrations
+            .get_or_create(&vec![
+                ("worker", worker_label(worker)),
+                ("outcome", outcome.to_string()),
+            ])
+            .inc();
+    }
+
+    /// Time the router added in `phase`, seconds (`kvroute_router_added_seconds{phase}`).
+    pub fn on_router_added(&self, phase: Phase, seconds: f64) {
+        self.router_added
+            .get_or_create(&vec![("phase", phase.as_str().to_string())])
+            .observe(seconds);
+    }
+
+    /// Router-observed time to first token on `route`: request accepted → first response
+    /// body byte relayed to the client, seconds (`kvroute_ttft_seconds{route}`).
+    pub fn on_ttft(&self, route: &str, seconds: f64) {
+        self.ttft
+            .get_or_create(&vec![("route", route.to_string())])
+            .observe(seconds);
     }
 
     /// A request refused as invalid (`reason`: malformed, head_too_large, body_too_large, ...).
@@ -215,32 +485,40 @@ impl Metrics {
         }
     }
 
-    /// One cache hit's outcome on `worker`: the router `predicted` that many prompt tokens
-    /// cached ([`crate::policy::Reason::predicted_cached_tokens`]) and the engine `served`
-    /// that many from its cache (its response's `cached_tokens`). Adds both, the phantom
-    /// shortfall `max(0, predicted − served)` and the unannounced excess
+    /// One cache hit's outcome on `worker` (id): the router `predicted` that many prompt
+    /// tokens cached ([`crate::policy::Reason::predicted_cached_tokens`]) and the engine
+    /// `served` that many from its cache (its response's `cached_tokens`). Adds both, the
+    /// phantom shortfall `max(0, predicted − served)` and the unannounced excess
     /// `max(0, served − predicted)`, and counts an unannounced hit when the excess is > 0:
     /// a prefix the engine held but the index did not know (bug-cases.md B37), tokens.
-    pub fn on_hit_outcome(&self, worker: &str, predicted: u64, served: u64) {
+    pub fn on_worker_hit_outcome(&self, worker: usize, predicted: u64, served: u64) {
         let mut h = HitTokens::default();
         h.add(predicted, served);
-        let add = |kind: &str, v: u64| {
+        self.add_hit_tokens(worker, h);
+    }
+
+    fn add_hit_tokens(&self, worker: usize, h: HitTokens) {
+        for (kind, v) in h.by_kind() {
             self.hit_tokens
                 .get_or_create(&vec![
-                    ("worker", worker.to_string()),
+                    ("worker", worker_label(worker)),
                     ("kind", kind.to_string()),
                 ])
                 .inc_by(v);
-        };
-        add("predicted", h.predicted);
-        add("served", h.served);
-        add("phantom", h.phantom);
-        add("unannounced", h.unannounced);
+        }
         if h.unannounced_hits > 0 {
             self.unannounced_hits
-                .get_or_create(&vec![("worker", worker.to_string())])
-                .inc();
+                .get_or_create(&vec![("worker", worker_label(worker))])
+                .inc_by(h.unannounced_hits);
         }
+    }
+
+    /// [`Metrics::on_worker_hit_outcome`] for the worker at URL `worker` (its id resolved as
+    /// [`Metrics::learn_workers`] says).
+    pub fn on_hit_outcome(&self, worker: &str, predicted: u64, served: u64) {
+        let mut h = HitTokens::default();
+        h.add(predicted, served);
+        self.by_url(worker, Pending::Hit(h), 1);
     }
 
     /// An `x-kvroute-routing-tokens` header that was ignored (`reason`: `too_long`,
@@ -251,19 +529,116 @@ impl Metrics {
             .inc();
     }
 
-    /// Prometheus text exposition of everything, in-flight and foreign gauges read from
-    /// `workers` now.
+    /// Sets `worker`'s (id) health, breaker and draining gauges; call on every change or
+    /// before each scrape. A worker appears in these gauges only once this was called for it.
+    pub fn set_worker_state(&self, worker: usize, state: WorkerState) {
+        let labels = vec![("worker", worker_label(worker))];
+        self.healthy
+            .get_or_create(&labels)
+            .set(i64::from(state.healthy));
+        self.breaker
+            .get_or_create(&labels)
+            .set(state.breaker as i64);
+        self.draining
+            .get_or_create(&labels)
+            .set(i64::from(state.draining));
+    }
+
+    /// Drops `worker`'s (id) gauges (in flight, foreign, healthy, breaker, draining), e.g.
+    /// after it left the fleet, so no stale value is scraped. Its counters stay (they are
+    /// totals).
+    pub fn forget_worker(&self, worker: usize) {
+        let labels = vec![("worker", worker_label(worker))];
+        for g in [
+            &self.in_flight,
+            &self.foreign,
+            &self.healthy,
+            &self.breaker,
+            &self.draining,
+        ] {
+            g.remove(&labels);
+        }
+    }
+
+    /// Replaces the KV-event streams' numbers exposed from the next scrape on
+    /// (`kvroute_kv_events_*`, `kvroute_kv_indexed_blocks`); usually called right before
+    /// encoding with the event index's current stats. Empty: the families are left out.
+    pub fn set_event_streams(&self, streams: Vec<StreamSample>) {
+        self.scraped.set_streams(streams);
+    }
+
+    /// Replaces the `kvroute_index_size{index,model}` gauges exposed from the next scrape
+    /// on (an index absent from `sizes` is no longer exposed).
+    pub fn set_index_sizes(&self, sizes: Vec<IndexSize>) {
+        self.scraped.set_index_sizes(sizes);
+    }
+
+    /// Teaches the URL-taking methods ([`Metrics::on_response`],
+    /// [`Metrics::on_upstream_error`], [`Metrics::on_hit_outcome`]) each worker's id, and
+    /// moves what they recorded for a URL not known until now to that URL's id. Called by
+    /// every encode; a URL never learned is counted nowhere visible (never exposed with a
+    /// URL label), so call this at startup and after the fleet changes for exact counts
+    /// before the first scrape.
+    pub fn learn_workers(&self, workers: &Workers) {
+        let urls: Vec<(String, usize)> = workers.iter().iter().map(|w| (w.url.clone(), w.id)).collect();
+        for (id, pending, n) in self.urls.learn(urls) {
+            self.apply(id, pending, n);
+        }
+    }
+
+    fn by_url(&self, url: &str, pending: Pending, n: u64) {
+        if let Some((id, pending)) = self.urls.resolve_or_hold(url, pending, n) {
+            self.apply(id, pending, n);
+        }
+    }
+
+    fn apply(&self, worker: usize, pending: Pending, n: u64) {
+        match pending {
+            Pending::Response { route, status } => {
+                for _ in 0..n {
+                    self.count_request(&route, status, "", Some(worker));
+                }
+            }
+            Pending::Error(kind) => {
+                self.worker_errors
+                    .get_or_create(&vec![("worker", worker_label(worker)), ("kind", kind)])
+                    .inc_by(n);
+            }
+            Pending::Hit(h) => {
+                for _ in 0..n {
+                    self.add_hit_tokens(worker, h);
+                }
+            }
+        }
+    }
+
+    /// OpenMetrics text of everything ([`Metrics::encode_as`] with
+    /// [`Format::OpenMetrics`]); kept for callers that parse the text themselves.
     pub fn encode(&self, workers: &Workers) -> String {
+        self.encode_as(workers, Format::OpenMetrics)
+    }
+
+    /// Everything in `format`, the in-flight and foreign gauges read from `workers` now
+    /// (and [`Metrics::learn_workers`] applied). Serve it with [`Format::content_type`].
+    pub fn encode_as(&self, workers: &Workers, format: Format) -> String {
+        self.learn_workers(workers);
         for w in workers.iter() {
+            let labels = vec![("worker", worker_label(w.id))];
             self.in_flight
-                .get_or_create(&vec![("worker", w.url.clone())])
+                .get_or_create(&labels)
                 .set(w.in_flight() as i64);
-            self.foreign
-                .get_or_create(&vec![("worker", w.url.clone())])
-                .set(w.foreign() as i64);
+            self.foreign.get_or_create(&labels).set(w.foreign() as i64);
         }
         let mut out = String::new();
-        let _ = encode(&mut out, &self.registry);
+        let written = match format {
+            Format::OpenMetrics => {
+                prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            }
+            Format::Prometheus => {
+                prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
+            }
+        };
+        written.expect("encoding into a String cannot fail");
         out
     }
 }
@@ -271,7 +646,9 @@ impl Metrics {
 /// Cache hits' predictions against what the engines served, summed over hits, tokens: the
 /// numbers behind `kvroute_hit_tokens_total{kind}` and `kvroute_unannounced_hits_total`
 /// (bug-cases.md B37), also kept by the simulator (`kvroute_bench::sim`) and the demo.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct HitTokens {
     /// Prompt tokens the router predicted cached
     /// ([`crate::policy::Reason::predicted_cached_tokens`]).
@@ -313,105 +690,14 @@ impl HitTokens {
         self.unannounced += served.saturating_sub(predicted);
         self.unannounced_hits += u64::from(served > predicted);
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metrics_are_shared_across_shards() {
-        fn send_sync<T: Send + Sync>() {}
-        send_sync::<Metrics>();
-        let m = std::sync::Arc::new(Metrics::new());
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                let m = m.clone();
-                std::thread::spawn(move || {
-                    for _ in 0..250 {
-                        m.on_decision("round_robin", "round_robin");
-                        m.on_upstream_error("http://a:1", "connect");
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        let text = m.encode(&Workers::new(&["http://a:1".into()]).unwrap());
-        assert!(
-            text.contains(
-                "kvroute_decisions_total{policy=\"round_robin\",reason=\"round_robin\"} 1000"
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                "kvroute_upstream_errors_total{worker=\"http://a:1\",kind=\"connect\"} 1000"
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains("kvroute_worker_in_flight{worker=\"http://a:1\"} 0"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn encodes_counters_and_in_flight() {
-        let m = Metrics::new();
-        let w = Workers::new(&["http://a:1".into()]).unwrap();
-        let _g = w.acquire(0);
-        m.on_decision("cache_aware", "hit");
-        m.on_decision("cache_aware", "hit");
-        m.on_response("/v1/completions", 200, "http://a:1", 0.01);
-        m.on_bad_request("malformed");
-        let text = m.encode(&w);
-        assert!(
-            text.contains("kvroute_decisions_total{policy=\"cache_aware\",reason=\"hit\"} 2"),
-            "{text}"
-        );
-        assert!(
-            text.contains("kvroute_requests_total{route=\"/v1/completions\",status=\"200\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("kvroute_worker_in_flight{worker=\"http://a:1\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("kvroute_bad_requests_total{reason=\"malformed\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("kvroute_request_duration_seconds_count 1"),
-            "{text}"
-        );
-    }
-
-    /// Phantom and unannounced are the two sides of served − predicted; an unannounced hit is
-    /// counted only when the engine served more than predicted (B37).
-    #[test]
-    fn hit_outcomes_split_into_phantom_and_unannounced() {
-        let m = Metrics::new();
-        let w = Workers::new(&["http://a:1".into()]).unwrap();
-        m.on_hit_outcome("http://a:1", 1024, 512); // 512 evicted after the decision
-        m.on_hit_outcome("http://a:1", 256, 768); // 512 the index did not know
-        m.on_hit_outcome("http://a:1", 64, 64);
-        let text = m.encode(&w);
-        for (kind, v) in [
-            ("predicted", 1344),
-            ("served", 1344),
-            ("phantom", 512),
-            ("unannounced", 512),
-        ] {
-            let line =
-                format!("kvroute_hit_tokens_total{{worker=\"http://a:1\",kind=\"{kind}\"}} {v}");
-            assert!(text.contains(&line), "{line} in {text}");
-        }
-        assert!(
-            text.contains("kvroute_unannounced_hits_total{worker=\"http://a:1\"} 1"),
-            "{text}"
-        );
+    /// The four token sums by their `kind` label of `kvroute_hit_tokens_total`.
+    fn by_kind(&self) -> [(&'static str, u64); 4] {
+        [
+            ("predicted", self.predicted),
+            ("served", self.served),
+            ("phantom", self.phantom),
+            ("unannounced", self.unannounced),
+        ]
     }
 }

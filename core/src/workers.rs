@@ -1,16 +1,36 @@
-//! [`Workers`]: the registry of engines behind the gateway, with the in-flight counts all
-//! shards share.
+//! [`Workers`]: the registry of engines behind the gateway, shared by all shards, changed at
+//! run time (admin API, SIGHUP) without a lock on the request path; [`Worker`]: one engine's
+//! counts and state (health, circuit breaker, draining, models); [`LoadGuard`]: one request
+//! counted on one worker, released exactly once.
+//!
+//! Which workers a request may go to is decided here, once per attempt, by
+//! [`Workers::snapshot`]: the eligible set handed to the policy ([`crate::policy::Snapshot`]).
+//! A worker is eligible for a request when all of these hold (operations.md §1, "eligible
+//! set"):
+//!
+//! | condition | changed by |
+//! |---|---|
+//! | not removed | [`Workers::remove`] |
+//! | not draining | [`Workers::drain`] |
+//! | healthy | active health checks ([`Worker::record_health`]) |
+//! | breaker closed or half-open | request outcomes ([`Worker::record_outcome`]) |
+//! | serves the request's model (or its models are not known) | [`Worker::set_models`] |
+//! | not tried yet by this request | the caller's veto list |
 
 use crate::CoreError;
-use crate::config::parse_worker_url;
-use crate::load::LoadGuard;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::config::{WorkerSpec, parse_worker_spec, parse_worker_url};
+use crate::health::{
+    Breaker, BreakerConfig, BreakerState, HealthChange, HealthConfig, HealthTracker, Outcome,
+};
+use arc_swap::ArcSwap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// One worker (an engine endpoint).
 #[derive(Debug)]
 pub struct Worker {
-    /// Dense id, the worker's position in the config (`0..n`); also its index tenant id.
+    /// Id: the worker's slot in the registry, never reused (a worker added again after its
+    /// removal gets a new id, so no index can mix the two); also its index tenant id.
     pub id: usize,
     /// Normalised base URL `http://host:port` (no trailing `/`).
     pub url: String,
@@ -18,13 +38,29 @@ pub struct Worker {
     pub host: String,
     /// Port part of the URL.
     pub port: u16,
+    /// `host:port` as sent in `Host` (IPv6 hosts in brackets).
+    pub authority: String,
+    /// The address its host resolved to when it was added (`None`: not resolved, as in the
+    /// simulator; `io` resolves before adding).
+    pub addr: Option<std::net::SocketAddr>,
+    /// The spec it was added with (events, DP ranks, configured models, key variable).
+    pub spec: WorkerSpec,
+    /// The worker's own API key, read from `spec.api_key_env` when it was added.
+    pub api_key: Option<String>,
     /// Requests sent and not finished (response body ended, failed, or client gone).
-    pub(crate) in_flight: AtomicUsize,
+    in_flight: AtomicUsize,
     /// Requests ever sent.
-    pub(crate) processed: AtomicU64,
+    processed: AtomicU64,
     /// Requests the engine runs or queues that this router did not send (other router
     /// replicas, direct clients), from its last load report; 0 without reports.
     foreign: AtomicUsize,
+    healthy: AtomicBool,
+    draining: AtomicBool,
+    /// Time (ms on the caller's clock) before which the breaker is open; 0 = closed.
+    blocked_until_ms: AtomicU64,
+    breaker: Mutex<Breaker>,
+    health: Mutex<HealthTracker>,
+    models: RwLock<Vec<String>>,
 }
 
 impl Worker {
@@ -43,6 +79,11 @@ impl Worker {
         self.foreign.load(Ordering::Relaxed)
     }
 
+    /// Load as policies see it: own in-flight requests + foreign ones.
+    pub fn load(&self) -> usize {
+        self.in_flight() + self.foreign()
+    }
+
     /// Records a load report: the engine runs or queues `engine_requests` (running +
     /// waiting, [`crate::load::engine_requests`]). The foreign part is what exceeds this
     /// router's own in-flight count now, clamped at 0: requests still on their way to the
@@ -53,76 +94,372 @@ impl Worker {
         let foreign = engine_requests.map_or(0, |n| n.saturating_sub(self.in_flight()));
         self.foreign.store(foreign, Ordering::Relaxed);
     }
+
+    /// Counts one request on this worker until the returned guard drops. Take it before the
+    /// request is sent upstream (bug-cases.md B1).
+    pub fn acquire(self: &Arc<Self>) -> LoadGuard {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.processed.fetch_add(1, Ordering::Relaxed);
+        LoadGuard {
+            worker: Arc::clone(self),
+        }
+    }
+
+    /// True while active health checks pass (or are off).
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// True once [`Workers::drain`] was called: no new requests.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// The breaker's state at `now_ms`.
+    pub fn breaker_state(&self, now_ms: u64) -> BreakerState {
+        lock(&self.breaker).state(now_ms)
+    }
+
+    /// True when the worker may take a new request at `now_ms`: healthy, not draining, its
+    /// breaker not open. Lock-free.
+    pub fn is_available(&self, now_ms: u64) -> bool {
+        self.is_healthy()
+            && !self.is_draining()
+            && now_ms >= self.blocked_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// Records how one attempt on this worker ended at `now_ms` (see `health`'s table);
+    /// returns the breaker's new state.
+    pub fn record_outcome(&self, outcome: Outcome, now_ms: u64) -> BreakerState {
+        let mut b = lock(&self.breaker);
+        let state = b.record(outcome, now_ms);
+        let until = match state {
+            BreakerState::Open => now_ms.saturating_add(b.open_ms()),
+            _ => 0,
+        };
+        self.blocked_until_ms.store(until, Ordering::Relaxed);
+        state
+    }
+
+    /// Records one active health check. A worker that becomes healthy again also closes its
+    /// breaker (it was restarted or came back: its failures are history).
+    pub fn record_health(&self, passed: bool) -> HealthChange {
+        let change = lock(&self.health).record(passed);
+        match change {
+            HealthChange::BecameHealthy => {
+                *lock(&self.breaker) = Breaker::new(lock(&self.breaker).config());
+                self.blocked_until_ms.store(0, Ordering::Relaxed);
+                self.healthy.store(true, Ordering::Relaxed);
+            }
+            HealthChange::BecameUnhealthy => self.healthy.store(false, Ordering::Relaxed),
+            HealthChange::Same => {}
+        }
+        change
+    }
+
+    /// The models the worker serves: from its spec, else from its last `/v1/models`; empty
+    /// while unknown.
+    pub fn models(&self) -> Vec<String> {
+        self.models.read().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// Sets the models read from the worker's `/v1/models` (ignored when the spec names
+    /// them: the operator's word wins).
+    pub fn set_models(&self, models: Vec<String>) {
+        if self.spec.models.is_empty()
+            && let Ok(mut m) = self.models.write()
+        {
+            *m = models;
+        }
+    }
+
+    /// True when the worker serves `model`: it is in its list, the list is not known yet, or
+    /// `model` is empty (SGLang's `/generate` names none).
+    pub fn serves(&self, model: &str) -> bool {
+        model.is_empty()
+            || self
+                .models
+                .read()
+                .map(|m| m.is_empty() || m.iter().any(|x| x == model))
+                .unwrap_or(true)
+    }
 }
 
-/// The worker registry, shared by all shards through an `Arc`. Counts are atomics: a shard
-/// never locks to read or change a load.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// RAII token for one in-flight request: made by [`Worker::acquire`] before the request is
+/// sent, dropped when the response body ends, fails, or the client goes away (bug-cases.md
+/// B1, B7). `Drop` decrements exactly once.
+#[derive(Debug)]
+pub struct LoadGuard {
+    worker: Arc<Worker>,
+}
+
+impl LoadGuard {
+    /// The worker this guard counts on.
+    pub fn worker_id(&self) -> usize {
+        self.worker.id
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Health and breaker settings every worker of a registry starts with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkerSettings {
+    /// Circuit breaker.
+    pub breaker: BreakerConfig,
+    /// Active health checks.
+    pub health: HealthConfig,
+}
+
+impl WorkerSettings {
+    /// The settings of `cfg` (`breaker_*`, `health_*`).
+    pub fn of(cfg: &crate::config::Config) -> Self {
+        Self {
+            breaker: BreakerConfig {
+                failure_threshold: cfg.breaker_failure_threshold,
+                window_ms: cfg.breaker_window_secs.saturating_mul(1000),
+                open_ms: cfg.breaker_open_secs.saturating_mul(1000),
+                success_threshold: cfg.breaker_success_threshold,
+            },
+            health: HealthConfig {
+                failure_threshold: cfg.health_failure_threshold,
+                success_threshold: cfg.health_success_threshold,
+            },
+        }
+    }
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self::of(&crate::config::Config::default())
+    }
+}
+
+/// What one attempt of a request may choose from: the registry as it was, every worker's
+/// load, and the eligible ids. Made by [`Workers::snapshot`].
+#[derive(Debug)]
+pub struct FleetView {
+    /// The registry's slots at snapshot time (`None`: a removed worker).
+    pub slots: Arc<Vec<Option<Arc<Worker>>>>,
+    /// Load by worker id, one per slot (0 for removed workers).
+    pub loads: Vec<usize>,
+    /// Eligible worker ids, ascending.
+    pub eligible: Vec<usize>,
+}
+
+impl FleetView {
+    /// The worker with id `id`, if it was in the registry.
+    pub fn worker(&self, id: usize) -> Option<&Arc<Worker>> {
+        self.slots.get(id).and_then(Option::as_ref)
+    }
+}
+
+/// The worker registry, shared by all shards through an `Arc`. Reads (every request) load
+/// one `Arc` of the slot list and touch only atomics; changes (admin API, SIGHUP) copy the
+/// list and swap it.
 ///
 /// # Invariants
-/// 1. Ids are dense: the worker at position `i` has `id == i`.
-/// 2. URLs are normalised (`http://host:port`, no trailing `/`) and distinct.
+/// 1. The worker in slot `i` has `id == i`; slots are never reused.
+/// 2. URLs of live (present) workers are normalised and distinct.
 /// 3. A worker's `in_flight` equals the number of live [`LoadGuard`]s taken on it.
 #[derive(Debug)]
 pub struct Workers {
-    list: Vec<Arc<Worker>>,
+    slots: ArcSwap<Vec<Option<Arc<Worker>>>>,
+    /// Serialises writers (add, remove); readers never take it.
+    write: Mutex<()>,
+    settings: WorkerSettings,
 }
 
 impl Workers {
-    /// Registry of `urls`, ids in order.
+    /// Registry of `specs` (worker spec strings, [`parse_worker_spec`]), ids in order, with the
+    /// default health and breaker settings; every worker starts healthy.
     ///
     /// # Errors
-    /// [`CoreError::BadWorkerUrl`] for a URL that is not `http://host:port`.
-    pub fn new(urls: &[String]) -> Result<Workers, CoreError> {
-        let list = urls
-            .iter()
-            .enumerate()
-            .map(|(id, u)| {
-                let (url, host, port) = parse_worker_url(u)?;
-                Ok(Arc::new(Worker {
-                    id,
-                    url,
-                    host,
-                    port,
-                    in_flight: AtomicUsize::new(0),
-                    processed: AtomicU64::new(0),
-                    foreign: AtomicUsize::new(0),
-                }))
-            })
-            .collect::<Result<_, CoreError>>()?;
-        Ok(Workers { list })
+    /// [`CoreError::BadWorkerUrl`] for a bad spec, [`CoreError::DuplicateWorker`] for a URL
+    /// given twice.
+    pub fn new(specs: &[String]) -> Result<Workers, CoreError> {
+        Self::with_settings(specs, WorkerSettings::default())
     }
 
-    /// Number of workers.
-    pub fn len(&self) -> usize {
-        self.list.len()
-    }
-
-    /// True with no workers.
-    pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
-    }
-
-    /// Worker `id`.
+    /// [`Workers::new`] with `settings`.
     ///
-    /// # Panics
-    /// When `id >= len()`.
-    pub fn get(&self, id: usize) -> &Worker {
-        &self.list[id]
+    /// # Errors
+    /// As [`Workers::new`].
+    pub fn with_settings(specs: &[String], settings: WorkerSettings) -> Result<Workers, CoreError> {
+        let w = Workers {
+            slots: ArcSwap::from_pointee(Vec::new()),
+            write: Mutex::new(()),
+            settings,
+        };
+        for s in specs {
+            w.add(&parse_worker_spec(s)?, true)?;
+        }
+        Ok(w)
     }
 
-    /// All workers in id order.
-    pub fn iter(&self) -> impl Iterator<Item = &Worker> {
-        self.list.iter().map(|w| w.as_ref())
+    /// Adds a worker for `spec`, healthy or not (a worker unreachable at start-up starts
+    /// unhealthy); returns its new id.
+    ///
+    /// # Errors
+    /// [`CoreError::DuplicateWorker`] when a present worker has the same URL.
+    pub fn add(&self, spec: &WorkerSpec, healthy: bool) -> Result<usize, CoreError> {
+        self.add_resolved(spec, None, healthy)
     }
 
-    /// Snapshot of loads, by worker id (the load input of every policy): requests this
-    /// router has in flight, plus the foreign requests of the last load report
-    /// ([`Worker::report`]; 0 when load reports are off).
+    /// [`Workers::add`] with the address its host resolved to.
+    ///
+    /// # Errors
+    /// As [`Workers::add`].
+    pub fn add_resolved(
+        &self,
+        spec: &WorkerSpec,
+        addr: Option<std::net::SocketAddr>,
+        healthy: bool,
+    ) -> Result<usize, CoreError> {
+        let _w = lock(&self.write);
+        let (url, host, port) = parse_worker_url(&spec.url)?;
+        let cur = self.slots.load_full();
+        if cur.iter().flatten().any(|w| w.url == url) {
+            return Err(CoreError::DuplicateWorker { url });
+        }
+        let id = cur.len();
+        let api_key = spec
+            .api_key_env
+            .as_ref()
+            .and_then(|var| std::env::var(var).ok())
+            .filter(|k| !k.is_empty());
+        let authority = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        let worker = Arc::new(Worker {
+            id,
+            url,
+            host,
+            port,
+            authority,
+            addr,
+            spec: spec.clone(),
+            api_key,
+            in_flight: AtomicUsize::new(0),
+            processed: AtomicU64::new(0),
+            foreign: AtomicUsize::new(0),
+            healthy: AtomicBool::new(healthy),
+            draining: AtomicBool::new(false),
+            blocked_until_ms: AtomicU64::new(0),
+            breaker: Mutex::new(Breaker::new(self.settings.breaker)),
+            health: Mutex::new(HealthTracker::new(self.settings.health, healthy)),
+            models: RwLock::new(spec.models.clone()),
+        });
+        let mut next = (*cur).clone();
+        next.push(Some(worker));
+        self.slots.store(Arc::new(next));
+        Ok(id)
+    }
+
+    /// Marks worker `id` draining: it takes no new request; those in flight finish. Returns
+    /// false for an unknown id.
+    pub fn drain(&self, id: usize) -> bool {
+        match self.get(id) {
+            Some(w) => {
+                w.draining.store(true, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes worker `id` from the registry (its slot stays empty; in-flight requests keep
+    /// their guard until they end). Returns the removed worker.
+    pub fn remove(&self, id: usize) -> Option<Arc<Worker>> {
+        let _w = lock(&self.write);
+        let cur = self.slots.load_full();
+        let w = cur.get(id)?.clone()?;
+        w.draining.store(true, Ordering::Relaxed);
+        let mut next = (*cur).clone();
+        next[id] = None;
+        self.slots.store(Arc::new(next));
+        Some(w)
+    }
+
+    /// Slots ever allocated (ids run `0..slots()`).
+    pub fn slots(&self) -> usize {
+        self.slots.load().len()
+    }
+
+    /// Present workers.
+    pub fn len(&self) -> usize {
+        self.slots.load().iter().flatten().count()
+    }
+
+    /// True with no present worker.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Worker `id`, unless removed or never added.
+    pub fn get(&self, id: usize) -> Option<Arc<Worker>> {
+        self.slots.load().get(id).cloned().flatten()
+    }
+
+    /// The present worker with URL `url` (normalised as [`parse_worker_url`] does).
+    pub fn find_url(&self, url: &str) -> Option<Arc<Worker>> {
+        let (url, _, _) = parse_worker_url(url).ok()?;
+        self.iter().into_iter().find(|w| w.url == url)
+    }
+
+    /// Present workers in id order.
+    pub fn iter(&self) -> Vec<Arc<Worker>> {
+        self.slots.load().iter().flatten().cloned().collect()
+    }
+
+    /// Load by worker id, one entry per slot (0 for removed workers): requests this router
+    /// has in flight plus the foreign requests of the last load report.
     pub fn loads(&self) -> Vec<usize> {
-        self.list
+        self.slots
+            .load()
             .iter()
-            .map(|w| w.in_flight() + w.foreign())
+            .map(|w| w.as_ref().map_or(0, |w| w.load()))
             .collect()
+    }
+
+    /// What one attempt of a request for `model` may choose from at `now_ms`: the workers
+    /// that are available ([`Worker::is_available`]), serve `model` ([`Worker::serves`]) and
+    /// are not in `vetoed` (ids this request already tried).
+    pub fn snapshot(&self, model: &str, vetoed: &[usize], now_ms: u64) -> FleetView {
+        let slots = self.slots.load_full();
+        let mut loads = Vec::with_capacity(slots.len());
+        let mut eligible = Vec::with_capacity(slots.len());
+        for (id, w) in slots.iter().enumerate() {
+            let Some(w) = w else {
+                loads.push(0);
+                continue;
+            };
+            loads.push(w.load());
+            if w.is_available(now_ms) && w.serves(model) && !vetoed.contains(&id) {
+                eligible.push(id);
+            }
+        }
+        FleetView {
+            slots,
+            loads,
+            eligible,
+        }
+    }
+
+    /// True when some present worker (in any state) serves `model`: a request for a model
+    /// nobody serves is a 404, one whose workers are all down a 503.
+    pub fn knows_model(&self, model: &str) -> bool {
+        self.slots.load().iter().flatten().any(|w| w.serves(model))
     }
 
     /// Checks invariants 1 and 2 (3 is checked by the guard tests).
@@ -132,24 +469,16 @@ impl Workers {
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) -> Result<(), (u8, usize)> {
         let mut seen = std::collections::HashSet::new();
-        for (i, w) in self.list.iter().enumerate() {
+        for (i, w) in self.slots.load().iter().enumerate() {
+            let Some(w) = w else { continue };
             if w.id != i {
                 return Err((1, i));
             }
-            if w.url.ends_with('/') || !seen.insert(w.url.as_str()) {
+            if w.url.ends_with('/') || !seen.insert(w.url.clone()) {
                 return Err((2, i));
             }
         }
         Ok(())
-    }
-
-    /// Counts one request on worker `id` until the returned guard drops. Take it before the
-    /// request is sent upstream (bug-cases.md B1).
-    ///
-    /// # Panics
-    /// When `id >= len()`.
-    pub fn acquire(&self, id: usize) -> LoadGuard {
-        LoadGuard::new(self.list[id].clone())
     }
 }
 
@@ -166,23 +495,29 @@ mod tests {
         let w = two();
         assert_eq!(w.check_invariants(), Ok(()));
         assert_eq!(w.len(), 2);
-        assert_eq!(w.get(1).url, "http://b:2");
-        assert_eq!((w.get(1).host.as_str(), w.get(1).port), ("b", 2));
+        assert_eq!(w.get(1).unwrap().url, "http://b:2");
+        let b = w.get(1).unwrap();
+        assert_eq!((b.host.as_str(), b.port), ("b", 2));
         assert!(Workers::new(&["ftp://x:1".into()]).is_err());
+        assert!(matches!(
+            Workers::new(&["http://a:1".into(), "http://a:1/".into()]),
+            Err(CoreError::DuplicateWorker { .. })
+        ));
     }
 
     #[test]
     fn guard_counts_once() {
         let w = two();
-        let g1 = w.acquire(0);
-        let g2 = w.acquire(0);
-        let g3 = w.acquire(1);
+        let (a, b) = (w.get(0).unwrap(), w.get(1).unwrap());
+        let g1 = a.acquire();
+        let g2 = a.acquire();
+        let g3 = b.acquire();
         assert_eq!(w.loads(), vec![2, 1]);
         drop(g2);
         assert_eq!(w.loads(), vec![1, 1]);
         drop((g1, g3));
         assert_eq!(w.loads(), vec![0, 0]);
-        assert_eq!(w.get(0).processed(), 2);
+        assert_eq!(a.processed(), 2);
     }
 
     /// A report adds what the engine holds beyond this router's own requests; our in-flight
@@ -190,15 +525,16 @@ mod tests {
     #[test]
     fn load_reports_add_foreign_requests_once() {
         let w = two();
-        let g = w.acquire(0);
-        w.get(0).report(Some(5)); // 1 of ours + 4 from elsewhere
-        w.get(1).report(Some(2));
+        let (a, b) = (w.get(0).unwrap(), w.get(1).unwrap());
+        let g = a.acquire();
+        a.report(Some(5)); // 1 of ours + 4 from elsewhere
+        b.report(Some(2));
         assert_eq!(w.loads(), vec![5, 2]);
-        let h = w.acquire(0); // ours, sent after the report
+        let h = a.acquire(); // ours, sent after the report
         assert_eq!(w.loads(), vec![6, 2]);
-        w.get(0).report(Some(1)); // fewer than ours: still on the way, clamped at 0
-        assert_eq!((w.get(0).foreign(), w.loads()), (0, vec![2, 2]));
-        w.get(1).report(None);
+        a.report(Some(1)); // fewer than ours: still on the way, clamped at 0
+        assert_eq!((a.foreign(), w.loads()), (0, vec![2, 2]));
+        b.report(None);
         assert_eq!(w.loads(), vec![2, 0]);
         drop((g, h));
         assert_eq!(w.loads(), vec![0, 0]);
@@ -212,10 +548,10 @@ mod tests {
         send_sync::<Workers>();
         // A guard moved to another thread releases there, exactly once.
         let w = two();
-        let g = w.acquire(1);
+        let g = w.get(1).unwrap().acquire();
         std::thread::spawn(move || drop(g)).join().unwrap();
         assert_eq!(w.loads(), vec![0, 0]);
-        assert_eq!(w.get(1).processed(), 1);
+        assert_eq!(w.get(1).unwrap().processed(), 1);
     }
 
     #[test]
@@ -226,9 +562,9 @@ mod tests {
                 let w = w.clone();
                 std::thread::spawn(move || {
                     for i in 0..2_000 {
-                        let g = w.acquire((t + i) % 2);
+                        let g = w.get((t + i) % 2).unwrap().acquire();
                         if i % 3 == 0 {
-                            let _h = w.acquire(i % 2);
+                            let _h = w.get(i % 2).unwrap().acquire();
                         }
                         drop(g);
                     }
@@ -239,9 +575,89 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(w.loads(), vec![0, 0]);
-        assert_eq!(
-            w.get(0).processed() + w.get(1).processed(),
-            4 * (2_000 + 667)
-        );
+        let total = w.get(0).unwrap().processed() + w.get(1).unwrap().processed();
+        assert_eq!(total, 4 * (2_000 + 667));
+    }
+
+    fn spec(s: &str) -> WorkerSpec {
+        parse_worker_spec(s).unwrap()
+    }
+
+    /// The eligible set of the module table, one condition at a time.
+    #[test]
+    fn snapshot_eligible_set() {
+        let w = Workers::new(&[
+            "http://a:1;model=m".into(),
+            "http://b:2;model=m;model=n".into(),
+            "http://c:3".into(), // models unknown: serves anything
+        ])
+        .unwrap();
+        assert_eq!(w.snapshot("m", &[], 0).eligible, vec![0, 1, 2]);
+        assert_eq!(w.snapshot("n", &[], 0).eligible, vec![1, 2]);
+        assert_eq!(w.snapshot("", &[], 0).eligible, vec![0, 1, 2]);
+        assert_eq!(w.snapshot("m", &[1], 0).eligible, vec![0, 2]);
+        w.get(2).unwrap().set_models(vec!["n".into()]);
+        assert_eq!(w.snapshot("m", &[], 0).eligible, vec![0, 1]);
+        assert!(w.knows_model("n") && !w.knows_model("zz"));
+        // Spec models win over discovered ones.
+        w.get(0).unwrap().set_models(vec!["zz".into()]);
+        assert_eq!(w.get(0).unwrap().models(), vec!["m".to_string()]);
+        // Draining.
+        assert!(w.drain(1));
+        assert_eq!(w.snapshot("m", &[], 0).eligible, vec![0]);
+        // Breaker: 3 failures (the default threshold) open it for BREAKER_OPEN_SECS.
+        let a = w.get(0).unwrap();
+        for t in 0..3 {
+            a.record_outcome(Outcome::Failure, t);
+        }
+        assert_eq!(a.breaker_state(3), BreakerState::Open);
+        assert!(w.snapshot("m", &[], 3).eligible.is_empty());
+        let reopen = crate::config::defaults::BREAKER_OPEN_SECS * 1000 + 2;
+        assert_eq!(w.snapshot("m", &[], reopen).eligible, vec![0]);
+        // Health: 3 failed checks → unhealthy; 2 passed → healthy, breaker closed.
+        let c = w.get(2).unwrap();
+        for _ in 0..3 {
+            c.record_health(false);
+        }
+        assert!(!c.is_healthy());
+        assert_eq!(w.snapshot("n", &[], reopen).eligible, Vec::<usize>::new());
+        c.record_outcome(Outcome::Failure, 0);
+        c.record_health(true);
+        assert_eq!(c.record_health(true), HealthChange::BecameHealthy);
+        assert_eq!(w.snapshot("n", &[], reopen).eligible, vec![2]);
+        // Removed: not in any snapshot, its slot stays empty.
+        let removed = w.remove(2).unwrap();
+        assert_eq!(removed.id, 2);
+        let v = w.snapshot("n", &[], reopen);
+        assert!(v.eligible.is_empty() && v.worker(2).is_none());
+        assert_eq!((w.len(), w.slots()), (2, 3));
+        assert_eq!(w.check_invariants(), Ok(()));
+    }
+
+    /// A removed URL can be added again: a new id, clean state; a present one cannot.
+    #[test]
+    fn re_add_gets_a_new_id() {
+        let w = two();
+        let g = w.get(0).unwrap().acquire();
+        assert!(w.add(&spec("http://a:1"), true).is_err());
+        w.remove(0).unwrap();
+        let id = w.add(&spec("http://a:1/"), true).unwrap();
+        assert_eq!(id, 2);
+        assert_eq!(w.loads(), vec![0, 0, 0]);
+        drop(g); // the old worker's guard still releases on the old worker
+        assert_eq!(w.find_url("http://a:1").unwrap().id, 2);
+        assert_eq!(w.check_invariants(), Ok(()));
+        let cold = w.add(&spec("http://d:4"), false).unwrap();
+        assert!(!w.get(cold).unwrap().is_healthy());
+    }
+
+    #[test]
+    fn worker_api_key_from_env() {
+        // PATH is set in every test environment; reading it needs no `set_var`.
+        let path = std::env::var("PATH").unwrap();
+        let w = Workers::new(&["http://a:1;api_key_env=PATH".into()]).unwrap();
+        assert_eq!(w.get(0).unwrap().api_key.as_deref(), Some(path.as_str()));
+        let w = Workers::new(&["http://a:1;api_key_env=KVROUTE_TEST_UNSET_VAR_XYZ".into()]).unwrap();
+        assert_eq!(w.get(0).unwrap().api_key, None);
     }
 }

@@ -1,27 +1,61 @@
-//! Admin and observability endpoints of the KV-event index (issue 5 item 7):
-//! `GET /admin/cache-view/{worker}` → `{"worker": id, "blocks": N, "streams": [...]}` and the
-//! per-stream `kvroute_kv_events_*` lines appended to `/metrics`.
+//! Observability and administration: the `/metrics` text ([`metrics_text`]), the admin
+//! API's cache view ([`cache_view`]), and the constant-time key comparison both API-key
+//! checks use.
 
-use crate::shard::Shared;
+use crate::state::Shared;
 use kvroute_core::events::StreamStats;
-use std::fmt::Write as _;
+use kvroute_core::health::BreakerState;
+use kvroute_core::metrics::{Breaker, Format, StreamSample, WorkerState};
 
-/// Answers `GET /admin/cache-view/{worker}`: `(status, JSON body)`, or `None` when `path` is
-/// not an admin path. 404 for an unknown worker id, 503 when no event index is configured.
-pub fn answer(shared: &Shared, method: &str, path: &str) -> Option<(u16, Vec<u8>)> {
-    let id = path.strip_prefix("/admin/cache-view/")?;
-    if method != "GET" {
-        return Some((405, br#"{"error":"method not allowed"}"#.to_vec()));
+/// The whole `/metrics` text in `format`: every counter and histogram, each present worker's
+/// gauges (in flight, foreign, healthy, breaker state, draining), and the KV-event streams
+/// (`kvroute_kv_events_*{worker,rank}`, `kvroute_kv_indexed_blocks`).
+pub fn metrics_text(shared: &Shared, format: Format) -> String {
+    let now = shared.now_ms();
+    for w in shared.workers.iter() {
+        let breaker = match w.breaker_state(now) {
+            BreakerState::Closed => Breaker::Closed,
+            BreakerState::HalfOpen => Breaker::HalfOpen,
+            BreakerState::Open => Breaker::Open,
+        };
+        shared.metrics.set_worker_state(
+            w.id,
+            WorkerState {
+                healthy: w.is_healthy(),
+                breaker,
+                draining: w.is_draining(),
+            },
+        );
     }
+    if let Some(ix) = &shared.events {
+        let ix = crate::zmq::lock(ix);
+        let streams = ix
+            .stats()
+            .into_iter()
+            .map(|(stream, stats)| StreamSample {
+                stream,
+                stats,
+                indexed_blocks: ix.stream_keys(stream),
+            })
+            .collect();
+        drop(ix);
+        shared.metrics.set_event_streams(streams);
+    }
+    shared.metrics.encode_as(&shared.workers, format)
+}
+
+/// The cache view of worker `id`: `(status, JSON body)` — `{"worker": id, "blocks": N,
+/// "streams": [...]}`; 404 for an unknown worker id, 503 when no event index is configured.
+pub fn cache_view(shared: &Shared, id: &str) -> (u16, Vec<u8>) {
     let Some(worker) = id
         .parse::<u32>()
         .ok()
-        .filter(|&w| (w as usize) < shared.workers.len())
+        .filter(|&w| shared.workers.get(w as usize).is_some())
     else {
-        return Some((404, br#"{"error":"unknown worker"}"#.to_vec()));
+        return (404, crate::error::error_body(404, "unknown worker"));
     };
     let Some(ix) = &shared.events else {
-        return Some((503, br#"{"error":"no KV event index configured"}"#.to_vec()));
+        return (503, crate::error::error_body(503, "no KV event index configured"));
     };
     let ix = crate::zmq::lock(ix);
     let streams: Vec<serde_json::Value> = ix
@@ -35,10 +69,11 @@ pub fn answer(shared: &Shared, method: &str, path: &str) -> Option<(u16, Vec<u8>
         "blocks": ix.worker_blocks(worker),
         "streams": streams,
     });
-    Some((200, body.to_string().into_bytes()))
+    (200, body.to_string().into_bytes())
 }
 
-fn stream_json(rank: u32, st: &StreamStats, keys: usize) -> serde_json::Value {
+/// One event stream's counters as JSON (the cache view and `GET /workers`).
+pub fn stream_json(rank: u32, st: &StreamStats, keys: usize) -> serde_json::Value {
     serde_json::json!({
         "rank": rank, "keys": keys, "batches": st.batches, "events": st.events,
         "gaps": st.gaps, "replays": st.replays, "unrecoverable_gaps": st.unrecoverable_gaps,
@@ -51,68 +86,26 @@ fn stream_json(rank: u32, st: &StreamStats, keys: usize) -> serde_json::Value {
     })
 }
 
-/// Prometheus text for every event stream: `kvroute_kv_events_{batches,events,gaps,replays,
-/// unrecoverable_gaps,restarts,duplicates,decode_errors,orphans,orphan_replays,
-/// size_mismatches}_total`,
-/// `kvroute_kv_events_last_seq` and `kvroute_kv_indexed_blocks`, labels `worker`, `rank`.
-/// Inserted before the closing `# EOF` of `text`; nothing without an event index.
-pub fn append_metrics(shared: &Shared, text: &mut String) {
-    let Some(ix) = &shared.events else {
-        return;
-    };
-    let ix = crate::zmq::lock(ix);
-    let stats = ix.stats();
-    let mut out = String::new();
-    type Get = fn(&StreamStats) -> u64;
-    let counters: [(&str, Get); 11] = [
-        ("batches", |s| s.batches),
-        ("events", |s| s.events),
-        ("gaps", |s| s.gaps),
-        ("replays", |s| s.replays),
-        ("unrecoverable_gaps", |s| s.unrecoverable_gaps),
-        ("restarts", |s| s.restarts),
-        ("duplicates", |s| s.duplicates),
-        ("decode_errors", |s| s.decode_errors),
-        ("orphans", |s| s.orphans),
-        ("orphan_replays", |s| s.orphan_replays),
-        ("size_mismatches", |s| {
-            s.size_mismatches + s.length_mismatches
-        }),
-    ];
-    for (name, get) in counters {
-        let _ = writeln!(out, "# TYPE kvroute_kv_events_{name} counter");
-        for (s, st) in &stats {
-            let _ = writeln!(
-                out,
-                "kvroute_kv_events_{name}_total{{worker=\"{}\",rank=\"{}\"}} {}",
-                s.worker,
-                s.rank,
-                get(st)
-            );
-        }
+/// `a == b` in time that depends on their lengths only, not on where they differ (an API
+/// key compared byte by byte would leak its prefix through timing).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
     }
-    let _ = writeln!(out, "# TYPE kvroute_kv_events_last_seq gauge");
-    for (s, st) in &stats {
-        if let Some(seq) = st.last_seq {
-            let _ = writeln!(
-                out,
-                "kvroute_kv_events_last_seq{{worker=\"{}\",rank=\"{}\"}} {seq}",
-                s.worker, s.rank
-            );
-        }
-    }
-    let _ = writeln!(out, "# TYPE kvroute_kv_indexed_blocks gauge");
-    for (s, _) in &stats {
-        let _ = writeln!(
-            out,
-            "kvroute_kv_indexed_blocks{{worker=\"{}\",rank=\"{}\"}} {}",
-            s.worker,
-            s.rank,
-            ix.stream_keys(*s)
-        );
-    }
-    match text.rfind("# EOF") {
-        Some(i) => text.insert_str(i, &out),
-        None => text.push_str(&out),
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    // `black_box` keeps the compiler from turning the fold into an early-exit comparison.
+    std::hint::black_box(diff) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"sk-abc", b"sk-abc"));
+        assert!(!constant_time_eq(b"sk-abc", b"sk-abd"));
+        assert!(!constant_time_eq(b"sk-abc", b"sk-ab"));
+        assert!(constant_time_eq(b"", b""));
     }
 }

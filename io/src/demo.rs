@@ -3,14 +3,13 @@
 //! runs), and prints one comparison table. Also the helpers behind `kvroute engine` and
 //! `kvroute replay`.
 
-use crate::gateway;
-use crate::simulate::Fleet;
+use crate::fleet::{self, FleetArgs};
+use kvroute_io::gateway;
 use anyhow::Context;
 use kvroute_bench::engine::{self, EngineConfig};
 use kvroute_bench::replay::{self, ReplayConfig, ReplayReport};
 use kvroute_bench::sim::{Routing, Run};
-use kvroute_bench::trace::{self, PromptBuilder, TraceRecord, WordIds};
-use kvroute_bench::workload::{self, WorkloadParams};
+use kvroute_bench::trace::{self, PromptBuilder, WordIds};
 use kvroute_core::config::{Config, PolicyKind};
 use kvroute_core::metrics::HitTokens;
 use kvroute_tokenize::Tokenizer;
@@ -18,23 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Engines the demo starts.
-pub const DEMO_ENGINES: usize = 4;
-/// Router replicas per run in the demo. Source: seed doc (one router).
-pub const DEMO_REPLICAS: usize = 1;
-/// KV capacity of each demo engine, blocks of 16 tokens: 4,096 blocks = 65,536 tokens, about
-/// a quarter of the built-in workload's distinct prompt tokens, so a cache-blind spread of
-/// every prefix over all engines evicts, as a real fleet under load does.
-pub const DEMO_NUM_GPU_BLOCKS: usize = 4_096;
-/// KV capacity of each demo engine when replaying a trace file, blocks of 16 tokens (vLLM's
-/// 16,384-block default, 262,144 tokens): Mooncake prompts average 12k tokens and reach 126k.
-pub const DEMO_TRACE_NUM_GPU_BLOCKS: usize = 16_384;
-/// Demo engines run the timing model this many times faster than real time.
-pub const DEMO_SPEEDUP_RATIO: f64 = 4.0;
-/// Trace timestamps are divided by this in the demo.
-pub const DEMO_TIME_SCALE: f64 = 4.0;
-
-pub use kvroute_bench::sim::{EVENTS_RUN, TOKENS_RUN};
+pub use kvroute_bench::sim::EVENTS_RUN;
 
 /// Tokenizer for the events run (token mode): `KVROUTE_TOKENIZER`, else the embedded Qwen3
 /// tokenizer the simulated engines use.
@@ -42,54 +25,6 @@ fn events_tokenizer() -> PathBuf {
     std::env::var_os("KVROUTE_TOKENIZER")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(kvroute_core::tokens::BUILTIN_QWEN3))
-}
-
-/// The workload and fleet flags of `kvroute demo` and `kvroute simulate`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct FleetArgs {
-    /// Replay this Mooncake-format JSONL trace instead of the built-in workload.
-    #[arg(long)]
-    pub trace: Option<PathBuf>,
-    /// Take only the first N requests of the workload.
-    #[arg(long)]
-    pub max_requests: Option<usize>,
-    /// Simulated engines (started on loopback by `demo`).
-    #[arg(long, default_value_t = DEMO_ENGINES)]
-    pub engines: usize,
-    /// KV capacity of each engine, blocks [default: 4,096 for the built-in workload, 16,384
-    /// with --trace; never below what the longest prompt needs].
-    #[arg(long)]
-    pub num_gpu_blocks: Option<usize>,
-    /// Engine speed-up over the timing model.
-    #[arg(long, default_value_t = DEMO_SPEEDUP_RATIO)]
-    pub speedup_ratio: f64,
-    /// Trace time compression (timestamps divided by this).
-    #[arg(long, default_value_t = DEMO_TIME_SCALE)]
-    pub time_scale: f64,
-    /// Router replicas per run, each with its own indexes (and, for the events run, its own
-    /// subscription to every engine), behind a round-robin balancer: the k-th request goes
-    /// to replica k mod N, so a conversation's turns reach different replicas, as behind an
-    /// L4 load balancer in front of a highly available router tier.
-    #[arg(long, default_value_t = DEMO_REPLICAS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
-    pub replicas: usize,
-    /// Engine load reports every this many ms (`kvroute serve --load-poll-ms`; virtual ms in
-    /// `simulate`), 0 = off: with replicas, each then counts the requests the others sent.
-    #[arg(long, default_value_t = kvroute_core::config::defaults::LOAD_POLL_MS)]
-    pub load_poll_ms: u64,
-}
-
-impl FleetArgs {
-    /// The fleet these flags set up for `records` (KV capacity from [`engine_blocks`]).
-    pub fn fleet(&self, records: &[TraceRecord]) -> Fleet {
-        Fleet {
-            engines: self.engines,
-            num_gpu_blocks: engine_blocks(self.num_gpu_blocks, self.trace.is_some(), records),
-            speedup_ratio: self.speedup_ratio,
-            time_scale: self.time_scale,
-            replicas: self.replicas,
-            load_poll_ms: self.load_poll_ms,
-        }
-    }
 }
 
 /// Flags of `kvroute demo`.
@@ -120,25 +55,6 @@ pub struct DemoArgs {
     pub quiet: bool,
 }
 
-/// The workload: a trace file's first `max_requests` records, or the built-in workload.
-///
-/// # Errors
-/// The trace cannot be read or parsed.
-pub fn load_records(
-    trace: Option<&Path>,
-    max_requests: Option<usize>,
-) -> anyhow::Result<Vec<TraceRecord>> {
-    let mut records = match trace {
-        Some(path) => trace::load_mooncake(path, max_requests)
-            .with_context(|| format!("loading {}", path.display()))?,
-        None => workload::builtin_workload(&WorkloadParams::default()),
-    };
-    if let Some(n) = max_requests {
-        records.truncate(n);
-    }
-    Ok(records)
-}
-
 fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -158,7 +74,7 @@ pub fn replay_once(
     model: Option<String>,
     expected_workers: Option<usize>,
 ) -> anyhow::Result<ReplayReport> {
-    let records = load_records(trace, max_requests)?;
+    let records = fleet::load_records(trace, max_requests)?;
     let tokenizer = Tokenizer::qwen3()?;
     let prompts = PromptBuilder::new(
         WordIds::from_tokenizer(&tokenizer)?,
@@ -197,26 +113,6 @@ pub fn run_engine_forever(cfg: EngineConfig, tokenizer: Tokenizer) -> anyhow::Re
     })
 }
 
-/// KV capacity of each demo engine, blocks: `requested`, else [`DEMO_TRACE_NUM_GPU_BLOCKS`]
-/// for a trace file and [`DEMO_NUM_GPU_BLOCKS`] for the built-in workload; never below what
-/// the longest request of `records` needs (prompt + output, plus 2 blocks).
-pub fn engine_blocks(requested: Option<usize>, trace: bool, records: &[TraceRecord]) -> usize {
-    let longest_blocks = records
-        .iter()
-        .map(|r| {
-            (r.input_length as usize + r.output_length as usize) / engine::defaults::BLOCK_SIZE + 2
-        })
-        .max()
-        .unwrap_or(0);
-    requested
-        .unwrap_or(if trace {
-            DEMO_TRACE_NUM_GPU_BLOCKS
-        } else {
-            DEMO_NUM_GPU_BLOCKS
-        })
-        .max(longest_blocks)
-}
-
 /// `kvroute demo`.
 ///
 /// # Errors
@@ -233,7 +129,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             Ok((name.clone(), run))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let records = load_records(args.fleet.trace.as_deref(), args.fleet.max_requests)?;
+    let records = fleet::load_records(args.fleet.trace.as_deref(), args.fleet.max_requests)?;
     let fleet = args.fleet.fleet(&records);
     let num_gpu_blocks = fleet.num_gpu_blocks;
     let tokenizer = Arc::new(Tokenizer::qwen3()?);
@@ -292,6 +188,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             policy,
             shards: args.shards,
             load_poll_ms: fleet.load_poll_ms,
+            // Replicas share the host: no admin API (it would take one fixed port).
+            admin_listen: String::new(),
             ..Config::default()
         };
         if on_tokens {
@@ -311,7 +209,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                 .collect();
         }
         let servers = (0..fleet.replicas)
-            .map(|_| gateway::start(cfg.clone(), false))
+            .map(|_| gateway::start(cfg.clone(), false).map_err(anyhow::Error::from))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let mut gateways = servers.iter().map(|s| format!("http://{}", s.local_addr()));
         let replay_cfg = ReplayConfig {
@@ -341,7 +239,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             let mut totals = kvroute_core::events::StreamStats::default();
             let mut drift = Drift::default();
             for ix in &indexes {
-                totals.add_counters(&event_totals(&crate::zmq::lock(ix)));
+                totals.add_counters(&event_totals(&kvroute_io::zmq::lock(ix)));
                 let d = rt.block_on(index_drift(ix, &urls))?;
                 drift.phantom += d.phantom;
                 drift.missed += d.missed;
@@ -512,7 +410,7 @@ struct Drift {
 /// Compares the router's event index with every engine's real GPU block set once the run is
 /// over, after waiting up to [`DRIFT_SETTLE`] for them to agree (the last batches may still
 /// be in flight). Engine `w` of `urls` is worker `w`, DP rank 0.
-async fn index_drift(ix: &crate::zmq::SharedEvents, urls: &[String]) -> anyhow::Result<Drift> {
+async fn index_drift(ix: &kvroute_io::zmq::SharedEvents, urls: &[String]) -> anyhow::Result<Drift> {
     use kvroute_core::events::{StreamId, Tier};
     use std::collections::HashSet;
     let deadline = Instant::now() + DRIFT_SETTLE;
@@ -525,7 +423,7 @@ async fn index_drift(ix: &crate::zmq::SharedEvents, urls: &[String]) -> anyhow::
                 .with_context(|| format!("{url}/debug/cached_blocks"))?
                 .into_iter()
                 .collect();
-            let got: HashSet<u64> = crate::zmq::lock(ix)
+            let got: HashSet<u64> = kvroute_io::zmq::lock(ix)
                 .engine_hashes(
                     StreamId {
                         worker: w as u32,

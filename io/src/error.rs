@@ -16,88 +16,109 @@ pub enum HttpError {
     /// The bytes are not valid HTTP/1.1 (→ 400 for a client).
     #[error("malformed HTTP: {0}")]
     Malformed(&'static str),
+    /// The client was too slow sending this part (`request head`, `request body`) (→ 408).
+    #[error("timed out reading the {0}")]
+    Timeout(&'static str),
 }
 
-/// Who caused a failed exchange (as in Pingora's error blame).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Blame {
-    /// The client sent something invalid, or went away.
-    Client,
-    /// The worker refused, timed out, or broke the protocol.
-    Worker,
-    /// kvroute itself.
-    Internal,
+impl HttpError {
+    /// The status answered to the client: 431, 413, 400 or 408.
+    pub fn status(&self) -> u16 {
+        match self {
+            HttpError::HeadTooLarge => 431,
+            HttpError::BodyTooLarge { .. } => 413,
+            HttpError::Malformed(_) => 400,
+            HttpError::Timeout(_) => 408,
+        }
+    }
+
+    /// Short metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            HttpError::HeadTooLarge => "head_too_large",
+            HttpError::BodyTooLarge { .. } => "body_too_large",
+            HttpError::Malformed(_) => "malformed",
+            HttpError::Timeout(_) => "client_timeout",
+        }
+    }
 }
 
-/// Why one proxied exchange failed.
+/// Why one attempt of an exchange with a worker failed before its first body byte reached
+/// kvroute. Every variant is the worker's fault, counts as a failure for its circuit breaker
+/// (`kvroute_core::health`), and may be retried on another worker while the client has seen
+/// nothing. Messages name the worker by id, never by its internal URL.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    /// The client's request is invalid.
-    #[error(transparent)]
-    Http(#[from] HttpError),
-    /// The body is not a valid request for this route.
-    #[error("{0}")]
-    BadRequest(String),
-    /// Connecting to the worker failed (refused, unreachable, connect timeout).
+    /// Connecting to the worker failed (refused, unreachable, connect timeout) (→ 502).
     #[error("cannot connect to worker {worker}: {source}")]
     Connect {
-        /// Worker URL.
-        worker: String,
+        /// Worker id.
+        worker: usize,
         /// The OS error.
         source: std::io::Error,
     },
-    /// The worker did not answer within `--request-timeout-secs`.
-    #[error("worker {worker} did not respond within {secs} s")]
+    /// The worker sent no response byte within `--first-byte-timeout-secs` (→ 504).
+    #[error("worker {worker} sent nothing within {secs} s")]
     Timeout {
-        /// Worker URL.
-        worker: String,
+        /// Worker id.
+        worker: usize,
         /// The timeout, in seconds.
         secs: u64,
     },
-    /// The worker's connection failed or it sent invalid HTTP.
+    /// The worker's connection failed or it sent invalid HTTP (→ 502).
     #[error("worker {worker} failed: {message}")]
     Upstream {
-        /// Worker URL.
-        worker: String,
+        /// Worker id.
+        worker: usize,
         /// What went wrong.
         message: String,
     },
 }
 
 impl ProxyError {
-    /// Who is to blame.
-    pub fn blame(&self) -> Blame {
-        match self {
-            ProxyError::Http(_) | ProxyError::BadRequest(_) => Blame::Client,
-            ProxyError::Connect { .. }
-            | ProxyError::Timeout { .. }
-            | ProxyError::Upstream { .. } => Blame::Worker,
-        }
-    }
-
-    /// The status code sent to the client: 400, 413, 431, 502 or 504.
+    /// The status sent to the client when no retry is left: 502 or 504.
     pub fn status(&self) -> u16 {
         match self {
-            ProxyError::Http(HttpError::HeadTooLarge) => 431,
-            ProxyError::Http(HttpError::BodyTooLarge { .. }) => 413,
-            ProxyError::Http(HttpError::Malformed(_)) | ProxyError::BadRequest(_) => 400,
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => 502,
             ProxyError::Timeout { .. } => 504,
         }
     }
 
-    /// Short label for metrics (`kind`).
+    /// Short label for metrics (`kind`): `connect`, `first_byte_timeout`, `upstream`.
     pub fn kind(&self) -> &'static str {
         match self {
-            ProxyError::Http(HttpError::HeadTooLarge) => "head_too_large",
-            ProxyError::Http(HttpError::BodyTooLarge { .. }) => "body_too_large",
-            ProxyError::Http(HttpError::Malformed(_)) => "malformed",
-            ProxyError::BadRequest(_) => "bad_request",
             ProxyError::Connect { .. } => "connect",
-            ProxyError::Timeout { .. } => "timeout",
+            ProxyError::Timeout { .. } => "first_byte_timeout",
             ProxyError::Upstream { .. } => "upstream",
         }
     }
+}
+
+/// Why `kvroute serve` could not start, or a fleet change was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The config (or a worker spec) is invalid, or a tokenizer cannot be loaded.
+    #[error(transparent)]
+    Core(#[from] kvroute_core::CoreError),
+    /// A socket, listener or thread could not be made (the message names the address).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A worker's host does not resolve.
+    #[error("worker {url}: cannot resolve its host: {source}")]
+    Resolve {
+        /// The worker URL.
+        url: String,
+        /// The resolver's error.
+        source: std::io::Error,
+    },
+    /// `--api-key-file` cannot be read.
+    #[error("API key file {path}: {source}")]
+    KeyFile {
+        /// The path given.
+        path: String,
+        /// The read error.
+        source: std::io::Error,
+    },
 }
 
 /// OpenAI error `type` for a status: `invalid_request_error` for 4xx, else `server_error`
@@ -125,20 +146,17 @@ mod tests {
 
     #[test]
     fn statuses_and_body_shape() {
-        assert_eq!(ProxyError::from(HttpError::HeadTooLarge).status(), 431);
-        assert_eq!(
-            ProxyError::from(HttpError::BodyTooLarge { limit: 1 }).status(),
-            413
-        );
-        assert_eq!(ProxyError::BadRequest("x".into()).status(), 400);
-        let t = ProxyError::Timeout {
-            worker: "w".into(),
-            secs: 1,
-        };
-        assert_eq!((t.status(), t.blame()), (504, Blame::Worker));
+        assert_eq!(HttpError::HeadTooLarge.status(), 431);
+        assert_eq!(HttpError::BodyTooLarge { limit: 1 }.status(), 413);
+        assert_eq!(HttpError::Timeout("request head").status(), 408);
+        let t = ProxyError::Timeout { worker: 3, secs: 1 };
+        assert_eq!((t.status(), t.kind()), (504, "first_byte_timeout"));
+        assert_eq!(t.to_string(), "worker 3 sent nothing within 1 s");
         let v: serde_json::Value = serde_json::from_slice(&error_body(413, "too big")).unwrap();
         assert_eq!(v["error"]["code"], 413);
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert_eq!(v["error"]["message"], "too big");
+        let v: serde_json::Value = serde_json::from_slice(&error_body(503, "x")).unwrap();
+        assert_eq!(v["error"]["type"], "server_error");
     }
 }

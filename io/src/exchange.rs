@@ -1,310 +1,300 @@
-//! One client connection, and each request on it, top to bottom (style.md "One request"):
-//! parse → routing key → decide → load guard → forward → relay → record.
+//! One request, top to bottom (style.md "One request"), whatever the client's transport:
+//! route → authenticate → routing key → tokenize → attempts (snapshot → decide → guard →
+//! forward → first byte) → record → relay → [`Record`] on drop.
 //!
-//! The load guard is taken before the request is sent upstream and dropped when the exchange
-//! ends, whatever the outcome, for every route and policy (bug-cases.md B1, B3, B4, B7).
+//! Failover (issue 13), in the order an attempt meets it:
+//! 1. the snapshot holds only eligible workers (`kvroute_core::workers`' table), minus those
+//!    this request already tried;
+//! 2. the decision is read-only; the load guard is taken before the request is sent (B1);
+//! 3. the client hears nothing until the worker's first body byte (the head is held), so a
+//!    worker that refuses, resets, stalls past `--first-byte-timeout-secs` or answers
+//!    502/503/504 is retried on another worker after a jittered backoff, while retries, the
+//!    fleet's retry budget and `--retry-deadline-secs` allow; each failure feeds the worker's
+//!    circuit breaker, and nothing is recorded in the indexes for it;
+//! 4. the first response byte commits the request: the policy's `record` runs, the response
+//!    streams through;
+//! 5. a worker that fails after that ends an SSE stream with an OpenAI-style error event and
+//!    `data: [DONE]`, or, with `--migration-limit`, has its generation continued on another
+//!    worker ([`crate::migrate`]); a plain body ends by closing the connection.
 
 use crate::conn::Conn;
-use crate::error::{HttpError, ProxyError, error_body};
-use crate::http1::{self, Framing, RequestHead};
+use crate::error::ProxyError;
+use crate::http1::ResponseHead;
+use crate::message::{ApiError, Request, ResponseSink, respond, respond_error};
+use crate::migrate::StreamTracker;
+use crate::record::Record;
 use crate::relay::{self, RelayEnd};
-use crate::shard::Shared;
+use crate::state::Shared;
 use crate::upstream::{self, Pool};
+use http::{HeaderName, HeaderValue};
+use kvroute_core::health::{Outcome, is_retryable_status};
+use kvroute_core::metrics::Format;
+use kvroute_core::policy::{Decision, Snapshot};
 use kvroute_core::route_key::{Endpoint, RouteKey, route_key};
 use kvroute_core::tokens::{ROUTING_TOKENS_HEADER, ShardTokenizers};
+use kvroute_core::workers::{LoadGuard, Worker};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-/// How long an idle client keep-alive connection waits for its next request.
-pub const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
-
-/// Serves one client connection until it closes, errs, or asks to close.
-pub async fn serve_connection(
-    shared: Arc<Shared>,
-    pool: Rc<Pool>,
-    tokens: Rc<RefCell<ShardTokenizers>>,
-    stream: monoio::net::TcpStream,
-) {
-    let mut client = Conn::new(stream);
-    loop {
-        let head = match read_head(&mut client, shared.settings.max_head_bytes).await {
-            Ok(Some(head)) => head,
-            Ok(None) => return,
-            Err(e) => {
-                shared
-                    .metrics
-                    .on_bad_request(ProxyError::from(e.clone()).kind());
-                let _ = respond_error(&mut client, &ProxyError::from(e), None, false).await;
-                return;
-            }
-        };
-        let body = match read_body(&mut client, &head, shared.settings.max_body_bytes).await {
-            Ok(body) => body,
-            Err(BodyError::Closed) => return,
-            Err(BodyError::Http(e)) => {
-                shared
-                    .metrics
-                    .on_bad_request(ProxyError::from(e.clone()).kind());
-                let _ = respond_error(&mut client, &ProxyError::from(e), None, false).await;
-                return;
-            }
-        };
-        let keep = dispatch(&shared, &pool, &tokens, &mut client, &head, body).await;
-        if !keep {
-            return;
-        }
-    }
+/// What one shard hands to each exchange: the shared state, its upstream pool and its
+/// tokenizers.
+#[derive(Clone)]
+pub struct ShardCtx {
+    /// State shared by all shards.
+    pub shared: Arc<Shared>,
+    /// This shard's idle worker connections.
+    pub pool: Rc<Pool>,
+    /// This shard's tokenizers and prefix cache.
+    pub tokens: Rc<RefCell<ShardTokenizers>>,
 }
 
-/// Reads one request head. `Ok(None)`: the client closed (or idled out) between requests.
-async fn read_head(client: &mut Conn, max_head: usize) -> Result<Option<RequestHead>, HttpError> {
-    loop {
-        if !client.buffered().is_empty()
-            && let Some((head, len)) = http1::parse_request_head(client.buffered(), max_head)?
-        {
-            client.consume(len);
-            return Ok(Some(head));
-        }
-        let had = client.buffered().len();
-        match monoio::time::timeout(CLIENT_IDLE_TIMEOUT, client.fill()).await {
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) if had == 0 => return Ok(None),
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => {
-                return Err(HttpError::Malformed(
-                    "connection closed inside the request head",
-                ));
-            }
-            Ok(Ok(_)) => {}
-        }
-    }
-}
-
-enum BodyError {
-    Closed,
-    Http(HttpError),
-}
-
-impl From<HttpError> for BodyError {
-    fn from(e: HttpError) -> Self {
-        BodyError::Http(e)
-    }
-}
-
-/// Reads the whole request body (the router must see it to route), de-chunking if needed.
-async fn read_body(
-    client: &mut Conn,
-    head: &RequestHead,
-    max_body: usize,
-) -> Result<Vec<u8>, BodyError> {
-    let too_large = HttpError::BodyTooLarge { limit: max_body };
-    match head.framing {
-        Framing::Empty | Framing::Length(0) => Ok(Vec::new()),
-        Framing::Length(n) => {
-            if n > max_body as u64 {
-                return Err(too_large.into());
-            }
-            let n = n as usize;
-            send_continue(client, head).await;
-            while client.buffered().len() < n {
-                if client.fill().await.map_err(|_| BodyError::Closed)? == 0 {
-                    return Err(BodyError::Closed);
-                }
-            }
-            let body = client.buffered()[..n].to_vec();
-            client.consume(n);
-            Ok(body)
-        }
-        Framing::Chunked => {
-            send_continue(client, head).await;
-            let mut dec = http1::ChunkedDecoder::new();
-            let mut body = Vec::new();
-            loop {
-                let used = dec.feed(client.buffered(), Some(&mut body))?;
-                client.consume(used);
-                if body.len() > max_body {
-                    return Err(too_large.into());
-                }
-                if dec.is_done() {
-                    return Ok(body);
-                }
-                if client.fill().await.map_err(|_| BodyError::Closed)? == 0 {
-                    return Err(BodyError::Closed);
-                }
-            }
-        }
-        Framing::UntilClose => Err(HttpError::Malformed("request without length").into()),
-    }
-}
-
-async fn send_continue(client: &mut Conn, head: &RequestHead) {
-    if head.expect_continue && client.buffered().is_empty() {
-        let _ = client
-            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec())
-            .await;
-    }
-}
+/// Header naming the chosen worker's id in every proxied response.
+pub const WORKER_HEADER: &str = "x-kvroute-worker";
+/// Header naming the chosen worker's URL, with `--expose-worker-url` only.
+pub const WORKER_URL_HEADER: &str = "x-kvroute-worker-url";
+/// Request id header: taken from the client, or generated; sent upstream and back.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// The routes kvroute answers or proxies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
     Health,
+    Readiness,
     Metrics,
     Models,
+    Model,
     Infer(Endpoint),
-    MethodNotAllowed,
     NotFound,
 }
 
-fn route_of(head: &RequestHead) -> Route {
-    let endpoint = match head.path() {
-        "/health" => {
-            return if head.method == "GET" {
-                Route::Health
-            } else {
-                Route::MethodNotAllowed
-            };
+impl Route {
+    fn of(path: &str) -> Route {
+        match path {
+            "/health" | "/liveness" => Route::Health,
+            "/readiness" => Route::Readiness,
+            "/metrics" => Route::Metrics,
+            "/v1/models" => Route::Models,
+            "/v1/chat/completions" => Route::Infer(Endpoint::ChatCompletions),
+            "/v1/completions" => Route::Infer(Endpoint::Completions),
+            "/generate" => Route::Infer(Endpoint::Generate),
+            p if p.starts_with("/v1/models/") && p.len() > "/v1/models/".len() => Route::Model,
+            _ => Route::NotFound,
         }
-        "/metrics" => {
-            return if head.method == "GET" {
-                Route::Metrics
-            } else {
-                Route::MethodNotAllowed
-            };
+    }
+
+    /// The method the route answers.
+    fn method(self) -> &'static str {
+        match self {
+            Route::Infer(_) => "POST",
+            _ => "GET",
         }
-        "/v1/models" => {
-            return if head.method == "GET" {
-                Route::Models
-            } else {
-                Route::MethodNotAllowed
-            };
+    }
+
+    /// The metric label (a fixed set: never the raw path).
+    fn label(self) -> &'static str {
+        match self {
+            Route::Health => "/health",
+            Route::Readiness => "/readiness",
+            Route::Metrics => "/metrics",
+            Route::Models => "/v1/models",
+            Route::Model => "/v1/models/{id}",
+            Route::Infer(Endpoint::ChatCompletions) => "/v1/chat/completions",
+            Route::Infer(Endpoint::Completions) => "/v1/completions",
+            Route::Infer(Endpoint::Generate) => "/generate",
+            Route::NotFound => "other",
         }
-        "/v1/chat/completions" => Endpoint::ChatCompletions,
-        "/v1/completions" => Endpoint::Completions,
-        "/generate" => Endpoint::Generate,
-        _ => return Route::NotFound,
-    };
-    if head.method == "POST" {
-        Route::Infer(endpoint)
-    } else {
-        Route::MethodNotAllowed
+    }
+
+    /// Routes that need a client API key when keys are configured (the OpenAI API; probes
+    /// and metrics stay open for the orchestrator).
+    fn needs_key(self) -> bool {
+        matches!(self, Route::Models | Route::Model | Route::Infer(_))
     }
 }
 
-/// The metric label of an inference route.
-fn endpoint_path(endpoint: Endpoint) -> &'static str {
-    match endpoint {
-        Endpoint::ChatCompletions => "/v1/chat/completions",
-        Endpoint::Completions => "/v1/completions",
-        Endpoint::Generate => "/generate",
-    }
+/// Counts one request that could not be parsed (it never reaches [`handle`]): its metrics
+/// and access-log line, as for every other request.
+pub fn reject(ctx: &ShardCtx, err: &ApiError, kind: &'static str, received: Instant) {
+    ctx.shared.metrics.on_bad_request(kind);
+    let mut rec = Record::new(&ctx.shared, "", "", "other", received, String::new());
+    rec.status = err.status;
+    rec.error = Some(kind);
 }
 
-/// Answers one request. Returns whether the client connection stays open.
-async fn dispatch(
-    shared: &Arc<Shared>,
-    pool: &Pool,
-    tokens: &RefCell<ShardTokenizers>,
-    client: &mut Conn,
-    head: &RequestHead,
-    body: Vec<u8>,
-) -> bool {
-    let keep = head.keep_alive;
-    if let Some((status, json)) = crate::admin::answer(shared, &head.method, head.path()) {
-        return respond(client, status, "application/json", json, keep).await;
+/// Answers one request through `sink`. Every outcome is counted and logged once, by the
+/// request's [`Record`].
+pub async fn handle(ctx: &ShardCtx, req: Request, sink: &mut impl ResponseSink) {
+    let shared = &ctx.shared;
+    shared.in_flight.fetch_add(1, Ordering::SeqCst);
+    let _in_flight = InFlight(shared);
+    if shared.is_shutting_down() {
+        sink.close_after();
     }
-    match route_of(head) {
+    let route = Route::of(req.path());
+    let request_id = request_id(shared, &req);
+    let mut rec = Record::new(
+        shared,
+        req.parts.method.as_str(),
+        req.path(),
+        route.label(),
+        req.received,
+        request_id,
+    );
+    let id_header = header_pair(REQUEST_ID_HEADER, rec.request_id.as_bytes());
+    let extra: Vec<_> = id_header.into_iter().collect();
+    if route == Route::NotFound {
+        let msg = format!("no route for {} {}", req.parts.method, req.path());
+        return answer_error(sink, &mut rec, &ApiError::new(404, msg), &extra).await;
+    }
+    if req.parts.method != route.method() {
+        let err = ApiError::new(405, format!("{} takes {}", route.label(), route.method()));
+        return answer_error(sink, &mut rec, &err, &extra).await;
+    }
+    if route.needs_key() && !authorized(shared, &req) {
+        let err = ApiError::new(401, "invalid or missing API key (Authorization: Bearer KEY)");
+        rec.error = Some("unauthorized");
+        return answer_error(sink, &mut rec, &err, &extra).await;
+    }
+    match route {
         Route::Health => {
-            respond(
-                client,
-                200,
-                "application/json",
-                br#"{"status":"ok"}"#.to_vec(),
-                keep,
-            )
-            .await
+            rec.status = 200;
+            respond(sink, 200, "application/json", &extra, br#"{"status":"ok"}"#.to_vec()).await;
+        }
+        Route::Readiness => {
+            let (status, body) = if shared.is_ready() {
+                (200, r#"{"status":"ready"}"#)
+            } else if shared.is_shutting_down() {
+                (503, r#"{"status":"shutting_down"}"#)
+            } else {
+                (503, r#"{"status":"not_ready","reason":"a model has no eligible worker"}"#)
+            };
+            rec.status = status;
+            respond(sink, status, "application/json", &extra, body.as_bytes().to_vec()).await;
         }
         Route::Metrics => {
-            let mut text = shared.metrics.encode(&shared.workers);
-            crate::admin::append_metrics(shared, &mut text);
-            respond(
-                client,
-                200,
-                "text/plain; version=0.0.4; charset=utf-8",
-                text.into_bytes(),
-                keep,
-            )
-            .await
+            let format = Format::negotiate(req.header("accept"));
+            let text = crate::admin::metrics_text(shared, format);
+            rec.status = 200;
+            respond(sink, 200, format.content_type(), &extra, text.into_bytes()).await;
         }
         Route::Models => {
-            proxy(
-                shared,
-                pool,
-                client,
-                head,
-                body,
-                "/v1/models",
-                RouteKey::default(),
-            )
-            .await
+            rec.status = 200;
+            let body = models_json(shared, None).unwrap_or_default();
+            respond(sink, 200, "application/json", &extra, body).await;
         }
-        Route::Infer(endpoint) => match route_key(endpoint, &body) {
-            Ok(mut key) => {
-                attach_tokens(shared, tokens, endpoint, head, &body, &mut key);
-                proxy(
-                    shared,
-                    pool,
-                    client,
-                    head,
-                    body,
-                    endpoint_path(endpoint),
-                    key,
-                )
-                .await
+        Route::Model => {
+            let id = &req.path()["/v1/models/".len()..];
+            match models_json(shared, Some(id)) {
+                Some(body) => {
+                    rec.status = 200;
+                    respond(sink, 200, "application/json", &extra, body).await;
+                }
+                None => {
+                    let err = ApiError::new(404, format!("The model `{id}` does not exist."));
+                    answer_error(sink, &mut rec, &err, &extra).await;
+                }
             }
-            Err(e) => {
-                shared.metrics.on_bad_request("bad_request");
-                let err = ProxyError::BadRequest(e.to_string());
-                shared
-                    .metrics
-                    .on_response(endpoint_path(endpoint), err.status(), "", 0.0);
-                respond_error(client, &err, None, keep).await
-            }
-        },
-        Route::MethodNotAllowed => {
-            respond(
-                client,
-                405,
-                "application/json",
-                error_body(405, "method not allowed"),
-                keep,
-            )
-            .await
         }
-        Route::NotFound => {
-            let msg = format!("no route for {} {}", head.method, head.path());
-            respond(client, 404, "application/json", error_body(404, &msg), keep).await
-        }
+        Route::Infer(endpoint) => proxy(ctx, &req, endpoint, sink, &mut rec, &extra).await,
+        Route::NotFound => unreachable!("answered above"),
     }
+}
+
+/// Decrements [`Shared::in_flight`] when the exchange ends, however it ends.
+struct InFlight<'a>(&'a Shared);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn answer_error(
+    sink: &mut impl ResponseSink,
+    rec: &mut Record<'_>,
+    err: &ApiError,
+    extra: &[(HeaderName, HeaderValue)],
+) {
+    rec.status = err.status;
+    respond_error(sink, err, extra).await;
+}
+
+fn header_pair(name: &'static str, value: &[u8]) -> Option<(HeaderName, HeaderValue)> {
+    Some((
+        HeaderName::from_static(name),
+        HeaderValue::from_bytes(value).ok()?,
+    ))
+}
+
+/// The client's `x-request-id` when it is a printable token of at most 128 bytes, else a new
+/// one: 32 hex digits from the request sequence number and a random draw.
+fn request_id(shared: &Shared, req: &Request) -> String {
+    if let Some(v) = req.header(REQUEST_ID_HEADER)
+        && !v.is_empty()
+        && v.len() <= 128
+        && v.iter().all(|b| b.is_ascii_graphic())
+    {
+        return String::from_utf8_lossy(v).into_owned();
+    }
+    let seq = shared.seq.load(Ordering::Relaxed);
+    format!("{:016x}{:016x}", rand::random::<u64>(), seq)
+}
+
+/// True when no client keys are configured, or `Authorization: Bearer KEY` names one
+/// (compared in constant time).
+fn authorized(shared: &Shared, req: &Request) -> bool {
+    if shared.api_keys.is_empty() {
+        return true;
+    }
+    let Some(key) = req
+        .header("authorization")
+        .and_then(|v| v.strip_prefix(b"Bearer ").or_else(|| v.strip_prefix(b"bearer ")))
+    else {
+        return false;
+    };
+    let key = key.trim_ascii();
+    shared
+        .api_keys
+        .iter()
+        .fold(false, |ok, k| ok | crate::admin::constant_time_eq(k, key))
+}
+
+/// `/v1/models` (the union of the models of healthy workers, OpenAI's list shape) or, with
+/// `id`, that model's object (`None` when no healthy worker serves it).
+fn models_json(shared: &Shared, id: Option<&str>) -> Option<Vec<u8>> {
+    let mut models: Vec<String> = shared
+        .workers
+        .iter()
+        .iter()
+        .filter(|w| w.is_healthy() && !w.is_draining())
+        .flat_map(|w| w.models())
+        .collect();
+    models.sort();
+    models.dedup();
+    let card = |m: &str| {
+        serde_json::json!({"id": m, "object": "model", "created": shared.started_unix_secs, "owned_by": "kvroute"})
+    };
+    let v = match id {
+        Some(id) => card(models.iter().find(|m| *m == id)?),
+        None => serde_json::json!({
+            "object": "list",
+            "data": models.iter().map(|m| card(m)).collect::<Vec<_>>(),
+        }),
+    };
+    serde_json::to_vec(&v).ok()
 }
 
 /// The "tokenize" step (style.md): token ids from the body, the `x-kvroute-routing-tokens`
 /// header, or this shard's tokenizer (see `kvroute_core::tokens`). Never fails the request:
 /// an ignored header or a prompt the template cannot render is counted and routing stays in
 /// text mode.
-fn attach_tokens(
-    shared: &Shared,
-    tokens: &RefCell<ShardTokenizers>,
-    endpoint: Endpoint,
-    head: &RequestHead,
-    body: &[u8],
-    key: &mut RouteKey,
-) {
-    let header = head
-        .headers
-        .iter()
-        .find(|(name, _)| name.eq_ignore_ascii_case(ROUTING_TOKENS_HEADER))
-        .map(|(_, value)| value.as_slice());
-    let attached = tokens.borrow_mut().attach(endpoint, body, header, key);
+fn attach_tokens(ctx: &ShardCtx, endpoint: Endpoint, req: &Request, key: &mut RouteKey) {
+    let shared = &ctx.shared;
+    let header = req.header(ROUTING_TOKENS_HEADER);
+    let attached = ctx.tokens.borrow_mut().attach(endpoint, &req.body, header, key);
     if let Some(why) = attached.header_rejected {
         shared.metrics.on_routing_tokens_rejected(why.as_str());
     }
@@ -323,178 +313,303 @@ fn attach_tokens(
     }
 }
 
+/// A request committed to a worker: its first response bytes have arrived.
+struct Committed {
+    worker: Arc<Worker>,
+    decision: Decision,
+    /// Counts the request on `worker` until dropped.
+    guard: LoadGuard,
+    conn: Conn,
+    head: ResponseHead,
+}
+
+/// Why [`attempts`] returned without a committed worker.
+enum Stop {
+    /// The client left; nothing more to send.
+    ClientGone,
+    /// No eligible worker is left: `None` when there never was one (503), else the last
+    /// attempt's failure once retries were spent (502 / 504).
+    NoWorker(Option<ProxyError>),
+}
+
+/// Attempts `body` (the request's, or a migration's continuation) on eligible workers not in
+/// `tried` until one answers with its first bytes, retrying failures elsewhere while
+/// [`may_retry`] allows. A worker's own 502/503/504 is returned as its answer once no retry is
+/// left. Each failed worker is added to `tried`; nothing is recorded in the indexes for it.
+async fn attempts(
+    ctx: &ShardCtx,
+    req: &Request,
+    body: &[u8],
+    key: &RouteKey,
+    seq: u64,
+    tried: &mut Vec<usize>,
+    rec: &mut Record<'_>,
+    sink: &impl ResponseSink,
+) -> Result<Committed, Stop> {
+    let shared = &ctx.shared;
+    let settings = &shared.settings;
+    let mut rng = rand::rng();
+    // The last failed attempt's error: the answer when no eligible worker is left to try.
+    let mut last: Option<ProxyError> = None;
+    loop {
+        let now = shared.now_ms();
+        let view = shared.workers.snapshot(&key.model, tried, now);
+        if view.eligible.is_empty() {
+            return Err(Stop::NoWorker(last));
+        }
+        let snap = Snapshot {
+            loads: &view.loads,
+            eligible: &view.eligible,
+            seq,
+            now_ms: now,
+        };
+        let decision = shared.router.decide(&snap, key, &mut rng);
+        shared
+            .metrics
+            .on_decision(shared.policy_name, decision.reason.as_str());
+        tracing::debug!(
+            target: "kvroute::decision",
+            policy = shared.policy_name,
+            worker = decision.worker,
+            reason = ?decision.reason,
+            eligible = ?view.eligible,
+            loads = ?view.loads,
+            "routed"
+        );
+        let Some(worker) = view.worker(decision.worker).cloned() else {
+            return Err(Stop::NoWorker(last));
+        };
+        // Counted before the request leaves (B1); released exactly once when the guard
+        // drops: at the end of the relay, on a failed attempt, or when the client leaves.
+        let guard = worker.acquire();
+        rec.upstream_sent.get_or_insert_with(Instant::now);
+        rec.worker = Some(worker.id);
+        let request = upstream::build_request(&req.parts, body, &worker, &rec.request_id);
+        let send = upstream::send(
+            &ctx.pool,
+            &worker,
+            req.parts.method.as_str(),
+            request,
+            Instant::now() + settings.first_byte_timeout,
+            settings.first_byte_timeout.as_secs(),
+            settings.max_head_bytes,
+        );
+        // A client that leaves while the worker prefills cancels the request: dropping `send`
+        // closes the worker connection, and the engine aborts (B41).
+        let sent = monoio::select! {
+            sent = send => sent,
+            _ = sink.client_gone() => {
+                shared.metrics.on_worker_error(worker.id, "client_gone");
+                return Err(Stop::ClientGone);
+            }
+        };
+        let now = shared.now_ms();
+        match sent {
+            Ok((conn, head)) if !is_retryable_status(head.status) => {
+                worker.record_outcome(Outcome::of_status(head.status), now);
+                return Ok(Committed {
+                    worker,
+                    decision,
+                    guard,
+                    conn,
+                    head,
+                });
+            }
+            Ok((conn, head)) => {
+                worker.record_outcome(Outcome::Failure, now);
+                shared.metrics.on_worker_error(worker.id, "status_5xx");
+                if !may_retry(shared, rec, tried, "status_5xx", worker.id) {
+                    // No retry left: the worker's own answer goes to the client.
+                    return Ok(Committed {
+                        worker,
+                        decision,
+                        guard,
+                        conn,
+                        head,
+                    });
+                }
+            }
+            Err(err) => {
+                worker.record_outcome(Outcome::Failure, now);
+                shared.metrics.on_worker_error(worker.id, err.kind());
+                tracing::warn!(worker = worker.id, error = %err, request_id = %rec.request_id, "attempt failed");
+                if !may_retry(shared, rec, tried, err.kind(), worker.id) {
+                    return Err(Stop::NoWorker(Some(err)));
+                }
+                last = Some(err);
+            }
+        }
+        // A failed attempt leaves nothing behind: its guard is released, nothing recorded.
+        drop(guard);
+        tried.push(worker.id);
+        rec.retries += 1;
+        let wait = settings.backoff.delay_ms(rec.retries, &mut rng);
+        monoio::select! {
+            _ = monoio::time::sleep(Duration::from_millis(wait)) => {}
+            _ = sink.client_gone() => return Err(Stop::ClientGone),
+        }
+    }
+}
+
 /// Routes, forwards and relays one inference request.
 async fn proxy(
-    shared: &Arc<Shared>,
-    pool: &Pool,
-    client: &mut Conn,
-    head: &RequestHead,
-    body: Vec<u8>,
-    route: &'static str,
-    key: RouteKey,
-) -> bool {
-    let started = Instant::now();
-    let loads = shared.workers.loads();
-    // The clock is read here, not inside the policy (a policy is a pure function of its inputs).
-    let decision = shared
-        .router
-        .decide_at(&key, &loads, shared.router.now_ms());
-    shared
-        .metrics
-        .on_decision(shared.policy_name, decision.reason.as_str());
-    tracing::debug!(
-        target: "kvroute::decision",
-        policy = shared.policy_name,
-        worker = decision.worker,
-        reason = ?decision.reason,
-        prompt_bytes = key.text.len(),
-        prompt_tokens = key.input_ids.as_ref().map_or(0, |v| v.len()),
-        ?loads,
-        "routed"
-    );
-    // Counted before the request leaves (B1); released exactly once when `guard` drops: at the
-    // end of the relay, on an upstream error, or when the client leaves (any early return).
-    let guard = shared.workers.acquire(decision.worker);
-    let target = &shared.targets[decision.worker];
-    let request = upstream::build_request(head, &body, target);
-    drop(body);
-    let timeout = shared.settings.request_timeout;
-    let deadline = started + timeout;
-    let send = upstream::send(
-        pool,
-        target,
-        &head.method,
-        request,
-        deadline,
-        timeout.as_secs(),
-        shared.settings.max_head_bytes,
-    );
-    // A client that leaves while the worker prefills cancels the request: dropping `send`
-    // closes the worker connection, and the engine aborts (B41).
-    let sent = monoio::select! {
-        sent = send => sent,
-        _ = crate::conn::peer_gone(&client.stream) => {
-            shared.metrics.on_upstream_error(&target.url, "client_gone");
-            return false;
+    ctx: &ShardCtx,
+    req: &Request,
+    endpoint: Endpoint,
+    sink: &mut impl ResponseSink,
+    rec: &mut Record<'_>,
+    extra: &[(HeaderName, HeaderValue)],
+) {
+    let shared = &ctx.shared;
+    let mut key = match route_key(endpoint, &req.body) {
+        Ok(key) => key,
+        Err(e) => {
+            shared.metrics.on_bad_request(e.kind());
+            rec.error = Some("bad_request");
+            return answer_error(sink, rec, &ApiError::new(400, e.to_string()), extra).await;
         }
     };
-    let (mut upstream_conn, response) = match sent {
-        Ok(ok) => ok,
-        Err(err) => {
-            // The worker is done with this request before the client hears of it.
-            drop(guard);
-            tracing::warn!(worker = %target.url, error = %err, "upstream failed");
-            shared.metrics.on_upstream_error(&target.url, err.kind());
-            shared.metrics.on_response(
-                route,
-                err.status(),
-                &target.url,
-                started.elapsed().as_secs_f64(),
-            );
-            return respond_error(client, &err, Some(&target.url), head.keep_alive).await;
+    rec.model = key.model.clone();
+    // OpenAI's endpoints name a model; SGLang's `/generate` has none (any worker serves it).
+    if key.model.is_empty() && endpoint != Endpoint::Generate {
+        rec.error = Some("bad_request");
+        let err = ApiError::new(400, "you must provide a model parameter");
+        return answer_error(sink, rec, &err, extra).await;
+    }
+    if !shared.workers.knows_model(&key.model) {
+        rec.error = Some("unknown_model");
+        let err = ApiError::new(404, format!("The model `{}` does not exist.", key.model));
+        return answer_error(sink, rec, &err, extra).await;
+    }
+    attach_tokens(ctx, endpoint, req, &mut key);
+    let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
+    shared.retry_budget.deposit();
+    let settings = &shared.settings;
+    let mut tried: Vec<usize> = Vec::new();
+    let c = match attempts(ctx, req, &req.body, &key, seq, &mut tried, rec, sink).await {
+        Ok(c) => c,
+        Err(Stop::ClientGone) => {
+            rec.error = Some("client_gone");
+            return;
+        }
+        Err(Stop::NoWorker(why)) => {
+            let err = match why {
+                None => {
+                    rec.error = Some("no_eligible_worker");
+                    ApiError::new(503, format!("no healthy worker serves model `{}`", key.model))
+                }
+                Some(e) => {
+                    rec.error = Some(e.kind());
+                    ApiError::new(e.status(), e.to_string())
+                }
+            };
+            return answer_error(sink, rec, &err, extra).await;
         }
     };
-    let end = relay::relay(
-        client,
-        &mut upstream_conn,
-        &response,
-        &target.url,
-        head.keep_alive,
-        deadline,
-    )
-    .await;
-    drop(guard);
-    shared.metrics.on_response(
-        route,
-        response.status,
-        &target.url,
-        started.elapsed().as_secs_f64(),
-    );
-    match end {
-        RelayEnd::Complete { reusable, usage } => {
-            if let Some(u) = usage
-                && let Some(predicted) = decision.reason.predicted_cached_tokens(u.prompt_tokens)
-            {
-                shared
-                    .metrics
-                    .on_hit_outcome(&target.url, predicted, u.cached_tokens);
+    // Committed: the policy records its decision, the response streams through.
+    shared.router.record(&key, &c.decision, shared.now_ms());
+    rec.commit(&c.worker, c.decision.reason);
+    rec.status = c.head.status;
+    let mut headers: Vec<(HeaderName, HeaderValue)> = upstream::response_headers(&c.head);
+    headers.extend(extra.iter().cloned());
+    headers.extend(header_pair(WORKER_HEADER, c.worker.id.to_string().as_bytes()));
+    if settings.expose_worker_url {
+        headers.extend(header_pair(WORKER_URL_HEADER, c.worker.url.as_bytes()));
+    }
+    // Migration tracks the text of successful SSE streams of chat and completions.
+    let migrates = settings.migration_limit > 0
+        && key.stream
+        && c.head.status == 200
+        && relay::is_sse(&c.head)
+        && endpoint != Endpoint::Generate;
+    let mut tracker = migrates.then(|| StreamTracker::new(endpoint == Endpoint::ChatCompletions));
+    let deadline = req.received + settings.request_timeout;
+    let Committed {
+        mut worker,
+        decision,
+        mut guard,
+        mut conn,
+        head,
+    } = c;
+    let mut end = relay::relay(sink, &mut conn, &head, &headers, deadline, rec, tracker.as_mut()).await;
+    loop {
+        match end {
+            RelayEnd::Complete { reusable, usage } => {
+                if let Some(u) = usage
+                    && rec.migrations == 0
+                {
+                    rec.served_cached = Some(u.cached_tokens);
+                    rec.predicted_cached = decision.reason.predicted_cached_tokens(u.prompt_tokens);
+                }
+                if reusable {
+                    ctx.pool.put(worker.id, conn);
+                }
+                return;
             }
-            if reusable {
-                pool.put(target.id, upstream_conn);
+            RelayEnd::ClientGone => {
+                shared.metrics.on_worker_error(worker.id, "client_gone");
+                rec.error = Some("client_gone");
+                return;
             }
-            head.keep_alive
-        }
-        RelayEnd::ClientGone => {
-            shared.metrics.on_upstream_error(&target.url, "client_gone");
-            false
-        }
-        RelayEnd::UpstreamFailed => {
-            shared
-                .metrics
-                .on_upstream_error(&target.url, "upstream_body");
-            false
+            RelayEnd::UpstreamFailed { sse } => {
+                worker.record_outcome(Outcome::Failure, shared.now_ms());
+                shared.metrics.on_worker_error(worker.id, "upstream_body");
+                tracing::warn!(worker = worker.id, request_id = %rec.request_id, migrations = rec.migrations, "worker failed mid-stream");
+                tried.push(worker.id);
+                let continuation = tracker
+                    .as_ref()
+                    .filter(|t| rec.migrations < settings.migration_limit && !t.finished())
+                    .and_then(|t| t.continuation(&req.body));
+                if let (Some(body), Some(t)) = (continuation, tracker.as_mut()) {
+                    rec.migrations += 1;
+                    match attempts(ctx, req, &body, &key, seq, &mut tried, rec, sink).await {
+                        Ok(next) if next.head.status == 200 => {
+                            shared.metrics.on_migration(worker.id, "resumed");
+                            t.next_segment();
+                            (worker, guard, conn) = (next.worker, next.guard, next.conn);
+                            end = relay::relay_body(sink, &mut conn, &next.head, deadline, rec, Some(t)).await;
+                            continue;
+                        }
+                        Err(Stop::ClientGone) => {
+                            rec.error = Some("client_gone");
+                            return;
+                        }
+                        _ => shared.metrics.on_migration(worker.id, "failed"),
+                    }
+                }
+                drop(guard);
+                rec.error = Some("upstream_body");
+                sink.close_after();
+                if sse {
+                    // The client gets a clean end: an OpenAI-style error event, then [DONE].
+                    let event = relay::sse_error_event(502, &format!("worker {} failed mid-stream", worker.id));
+                    let (res, _) = sink.send_data(event).await;
+                    if res.is_ok() {
+                        let _ = sink.finish().await;
+                    }
+                }
+                return;
+            }
         }
     }
 }
 
-/// Writes a complete response with a `Content-Length` body. Returns `keep` if the write
-/// succeeded.
-async fn respond(
-    client: &mut Conn,
-    status: u16,
-    content_type: &str,
-    body: Vec<u8>,
-    keep: bool,
+/// Whether a failed attempt (`kind`, on `worker`) may be retried: retries left, the
+/// request's deadline not passed, the fleet's budget not spent. Counts the retry.
+fn may_retry(
+    shared: &Shared,
+    rec: &Record<'_>,
+    tried: &[usize],
+    kind: &'static str,
+    worker: usize,
 ) -> bool {
-    respond_with(client, status, content_type, body, keep, None).await
-}
-
-async fn respond_error(
-    client: &mut Conn,
-    err: &ProxyError,
-    worker: Option<&str>,
-    keep: bool,
-) -> bool {
-    let status = err.status();
-    // After a request-level protocol error the byte stream cannot be trusted: close.
-    let keep = keep && !matches!(err, ProxyError::Http(_));
-    respond_with(
-        client,
-        status,
-        "application/json",
-        error_body(status, &err.to_string()),
-        keep,
-        worker,
-    )
-    .await
-}
-
-async fn respond_with(
-    client: &mut Conn,
-    status: u16,
-    content_type: &str,
-    body: Vec<u8>,
-    keep: bool,
-    worker: Option<&str>,
-) -> bool {
-    let mut out = Vec::with_capacity(256 + body.len());
-    let headers = [("content-type".to_string(), content_type.as_bytes().to_vec())];
-    let mut extra: Vec<(&str, &[u8])> = Vec::new();
-    if let Some(w) = worker {
-        extra.push(("x-kvroute-worker", w.as_bytes()));
+    let s = &shared.settings;
+    let ok = (tried.len() as u32) < s.retry_max
+        && rec.received.elapsed() < s.retry_deadline
+        && !shared.is_shutting_down()
+        && shared.retry_budget.try_withdraw();
+    if ok {
+        shared.metrics.on_retry(worker, kind);
     }
-    if !keep {
-        extra.push(("connection", b"close"));
-    }
-    http1::write_response_head(
-        &mut out,
-        status,
-        "",
-        &headers,
-        Framing::Length(body.len() as u64),
-        &extra,
-    );
-    out.extend_from_slice(&body);
-    let (res, _) = client.write_all(out).await;
-    res.is_ok() && keep
+    ok
 }

@@ -1,88 +1,272 @@
-//! Turns a [`Config`] into running shards: validates it, builds the worker registry, the
-//! router and the metrics, resolves worker addresses, and starts [`shard::start`].
+//! Turns a [`Config`] into running shards: validates it, builds the worker registry (each
+//! worker resolved and checked once), the router and the metrics, starts the background
+//! threads (health checks, load reports, KV events, the admin API) and [`shard::start`].
+//! Also the fleet's run-time changes, shared by the admin API and SIGHUP:
+//! [`add_worker`], [`drain_worker`], [`remove_worker`].
 
-use crate::shard::{self, Server, Settings, Shared};
-use kvroute_core::config::{Config, defaults};
+use crate::error::GatewayError;
+use crate::shard::{self, Server};
+use crate::state::{Settings, Shared};
+use kvroute_core::config::{Config, WorkerSpec, parse_worker_spec};
+use kvroute_core::health::RetryBudget;
 use kvroute_core::metrics::Metrics;
 use kvroute_core::policy::Router;
 use kvroute_core::tokens::Tokenizers;
-use kvroute_core::workers::Workers;
+use kvroute_core::workers::{WorkerSettings, Workers};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::Duration;
 
 /// Starts `kvroute serve` with `cfg`.
 ///
+/// Each worker's host is resolved once. With health checks on, each worker is checked once
+/// before the listeners open: one that does not answer is logged and starts unhealthy (it
+/// joins when its checks pass); its models are read from its `/v1/models` unless its spec
+/// names them.
+///
 /// # Errors
-/// An invalid config (named field), a tokenizer that cannot be loaded, a worker host that does
-/// not resolve, a KV-event socket that cannot be created, a load-report thread
-/// (`load_poll_ms > 0`) that cannot be spawned, or a listen address that cannot be bound.
-pub fn start(cfg: Config, force_epoll: bool) -> anyhow::Result<Server> {
+/// An invalid config (named field), a client key file that cannot be read, a tokenizer that
+/// cannot be loaded, a worker host that does not resolve, a KV-event socket that cannot be
+/// created, a background thread that cannot be spawned, or a listen or admin address that
+/// cannot be bound (in use by another process, named).
+pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
     let cfg = cfg.validate()?;
-    let workers = Arc::new(Workers::new(&cfg.workers)?);
-    let targets = shard::resolve_targets(&workers)?;
     let shards = cfg.shards.unwrap_or_else(|| {
         core_affinity::get_core_ids()
             .map(|c| c.len())
             .filter(|&n| n > 0)
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     });
-    let settings = Settings {
-        listen: cfg.listen.clone(),
-        shards,
-        max_body_bytes: cfg.max_body_bytes,
-        max_head_bytes: defaults::MAX_HEAD_BYTES,
-        request_timeout: Duration::from_secs(cfg.request_timeout_secs),
-        upstream_idle_timeout: Duration::from_millis(cfg.upstream_idle_timeout_ms),
-        connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
-        force_epoll,
-    };
+    let api_keys = client_keys(&cfg)?;
+    let workers = Arc::new(Workers::with_settings(&[], WorkerSettings::of(&cfg))?);
     let mut router = Router::new(&cfg);
-    // KV events (issue 5): workers with `;events=…` feed one event index the router reads.
     let specs = cfg
         .workers
         .iter()
-        .map(|w| kvroute_core::config::parse_worker_spec(w))
+        .map(|w| parse_worker_spec(w))
         .collect::<Result<Vec<_>, _>>()?;
-    let sources = crate::zmq::sources(&specs);
-    let events = if sources.is_empty() {
-        None
-    } else {
+    // KV events (issue 5): workers with `;events=…` feed one event index the router reads.
+    let events = if specs.iter().any(|s| s.events.is_some()) {
         let index = kvroute_core::events::EventIndex::with_settings(
             &kvroute_core::events::EventIndexSettings {
                 block_size: cfg.block_size,
-                max_streams: sources.len(),
+                // Workers added at run time take new ids: leave room beyond the start-up fleet.
+                max_streams: specs
+                    .iter()
+                    .map(|s| s.dp as usize)
+                    .sum::<usize>()
+                    .max(kvroute_core::events::index::DEFAULT_STREAMS),
                 ttl_ms: cfg.kv_indexer_ttl_secs.map(|s| s.saturating_mul(1000)),
                 max_entries: cfg.kv_indexer_max_entries,
             },
         );
         router.set_event_index(index.reader());
-        let index = Arc::new(std::sync::Mutex::new(index));
-        crate::zmq::start(sources, index.clone())?;
-        Some(index)
+        Some(Arc::new(std::sync::Mutex::new(index)))
+    } else {
+        None
     };
     let tokenizers = Tokenizers::load(&cfg)?;
+    let shared = Arc::new(Shared {
+        settings: Settings::of(&cfg, shards, force_epoll),
+        workers,
+        router,
+        events,
+        subscriptions: Default::default(),
+        metrics: Metrics::new(),
+        policy_name: cfg.policy.as_str(),
+        tokenizers,
+        api_keys,
+        retry_budget: RetryBudget::new(cfg.retry_budget_ratio, cfg.retry_budget_cap),
+        seq: AtomicU64::new(0),
+        in_flight: AtomicUsize::new(0),
+        started_unix_secs: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        shutting_down: AtomicBool::new(false),
+        key_tap: Default::default(),
+    });
+    for spec in &specs {
+        add_worker(&shared, spec, shared.settings.health_checks.as_ref())?;
+    }
+    if let Some(checks) = shared.settings.health_checks {
+        crate::health::start(&shared, checks)?;
+    }
     if cfg.load_poll_ms > 0 {
         let every = Duration::from_millis(cfg.load_poll_ms);
         // A poll must not outlast its interval by much: a stuck engine delays the others.
         let timeout = every.min(Duration::from_millis(cfg.connect_timeout_ms));
-        crate::load_poll::start(&workers, targets.clone(), every, timeout)?;
+        crate::load_poll::start(&shared.workers, every, timeout)?;
     }
-    let shared = Shared {
-        settings,
-        policy_name: cfg.policy.as_str(),
-        workers,
-        targets,
-        router,
-        events,
-        metrics: Metrics::new(),
-        tokenizers,
-        key_tap: Default::default(),
-    };
     tracing::info!(
         policy = shared.policy_name,
-        workers = shared.targets.len(),
+        workers = shared.workers.len(),
         token_mode = !shared.tokenizers.is_empty(),
+        auth = !shared.api_keys.is_empty(),
         "gateway configured"
     );
     Ok(shard::start(shared)?)
+}
+
+/// The client keys of `--api-key` and `--api-key-file` (one per line, blank lines and `#`
+/// comments skipped).
+///
+/// # Errors
+/// [`GatewayError::KeyFile`] when the file cannot be read.
+fn client_keys(cfg: &Config) -> Result<Vec<Vec<u8>>, GatewayError> {
+    let mut keys: Vec<Vec<u8>> = cfg.api_keys.iter().map(|k| k.as_bytes().to_vec()).collect();
+    if let Some(path) = &cfg.api_key_file {
+        let text = std::fs::read_to_string(path).map_err(|source| GatewayError::KeyFile {
+            path: path.display().to_string(),
+            source,
+        })?;
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(|l| l.as_bytes().to_vec()),
+        );
+    }
+    keys.retain(|k| !k.is_empty());
+    Ok(keys)
+}
+
+/// Adds the worker of `spec` at run time (or at start-up): resolves its host, checks it once
+/// when health checks are on (unreachable → added unhealthy, logged), reads its models, and
+/// registers it. Returns its id. A worker added again after its removal starts clean: a new
+/// id, nothing in any index.
+///
+/// # Errors
+/// [`GatewayError::Resolve`] when its host does not resolve; [`GatewayError::Core`] for a URL
+/// already present.
+pub fn add_worker(
+    shared: &Shared,
+    spec: &WorkerSpec,
+    checks: Option<&crate::health::Checks>,
+) -> Result<usize, GatewayError> {
+    let (_, host, port) = kvroute_core::config::parse_worker_url(&spec.url)?;
+    let addr = shard::resolve(&host, port).map_err(|source| GatewayError::Resolve {
+        url: spec.url.clone(),
+        source,
+    })?;
+    let (healthy, models) = match checks {
+        Some(c) => {
+            let probe = crate::health::probe(addr, &spec.url, c.timeout);
+            if !probe.healthy {
+                tracing::warn!(worker = %spec.url, "worker unreachable at start-up: starts unhealthy");
+            }
+            (probe.healthy, probe.models)
+        }
+        None => (true, None),
+    };
+    let id = shared.workers.add_resolved(spec, Some(addr), healthy)?;
+    if let (Some(models), Some(w)) = (models, shared.workers.get(id)) {
+        w.set_models(models);
+    }
+    if spec.events.is_some() {
+        match &shared.events {
+            Some(ix) => {
+                let sub = crate::zmq::start(crate::zmq::sources_of(id, spec), ix.clone())?;
+                lock(&shared.subscriptions).insert(id, sub);
+            }
+            None => tracing::warn!(
+                id,
+                worker = %spec.url,
+                "KV events ignored: the gateway started without an event index"
+            ),
+        }
+    }
+    tracing::info!(id, worker = %spec.url, healthy, "worker added");
+    Ok(id)
+}
+
+/// Drains worker `id`: it takes no new request; those in flight finish. False for an
+/// unknown id.
+pub fn drain_worker(shared: &Shared, id: usize) -> bool {
+    let ok = shared.workers.drain(id);
+    if ok {
+        tracing::info!(id, "worker draining");
+    }
+    ok
+}
+
+/// Removes worker `id`: drains it, waits (up to `wait`) for its requests in flight to end,
+/// then removes it from the registry and purges it from every index (its pooled connections
+/// close at each shard's next sweep). Returns false for an unknown id.
+pub fn remove_worker(shared: &Shared, id: usize, wait: Duration) -> bool {
+    let Some(w) = shared.workers.get(id) else {
+        return false;
+    };
+    shared.workers.drain(id);
+    let until = std::time::Instant::now() + wait;
+    while w.in_flight() > 0 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    shared.workers.remove(id);
+    if let Some(sub) = lock(&shared.subscriptions).remove(&id) {
+        sub.cancel();
+    }
+    shared.purge_worker(id);
+    tracing::info!(id, worker = %w.url, cut = w.in_flight(), "worker removed");
+    true
+}
+
+/// SIGHUP: re-reads the config file at `path` and applies its worker list (see
+/// [`apply_workers`]). A file that does not read, parse or validate changes nothing and is
+/// logged.
+pub fn reload(shared: &Arc<Shared>, path: &std::path::Path) {
+    let cfg = std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|text| Config::from_toml_str(&text).map_err(|e| e.to_string()))
+        .and_then(|cfg| cfg.validate().map_err(|e| e.to_string()));
+    match cfg {
+        Ok(cfg) => match apply_workers(shared, &cfg.workers) {
+            Ok((added, removed)) => {
+                tracing::info!(path = %path.display(), ?added, ?removed, "config reloaded")
+            }
+            Err(e) => tracing::error!(path = %path.display(), error = %e, "reload failed"),
+        },
+        Err(e) => tracing::error!(path = %path.display(), error = %e, "reload: config refused"),
+    }
+}
+
+/// Makes the fleet the workers of `specs`: adds those whose URL is not present, removes
+/// (drain first, on a background thread, up to the shutdown grace) those no longer listed.
+/// Returns the ids added and removed.
+///
+/// # Errors
+/// A spec that does not parse or a host that does not resolve (nothing is changed then).
+pub fn apply_workers(
+    shared: &Arc<Shared>,
+    specs: &[String],
+) -> Result<(Vec<usize>, Vec<usize>), GatewayError> {
+    let specs = specs
+        .iter()
+        .map(|s| parse_worker_spec(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let gone: Vec<usize> = shared
+        .workers
+        .iter()
+        .iter()
+        .filter(|w| !specs.iter().any(|s| s.url == w.url))
+        .map(|w| w.id)
+        .collect();
+    let mut added = Vec::new();
+    for spec in specs.iter().filter(|s| shared.workers.find_url(&s.url).is_none()) {
+        added.push(add_worker(shared, spec, shared.settings.health_checks.as_ref())?);
+    }
+    for &id in &gone {
+        shared.workers.drain(id);
+        let shared = shared.clone();
+        let wait = shared.settings.shutdown_timeout;
+        std::thread::Builder::new()
+            .name("kv-remove".into())
+            .spawn(move || {
+                remove_worker(&shared, id, wait);
+            })?;
+    }
+    Ok((added, gone))
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -1,25 +1,32 @@
 //! kvroute's network layer: thread-per-core monoio shards serving HTTP/1.1, proxying
-//! OpenAI-compatible requests to workers over pooled keep-alive connections.
+//! OpenAI-compatible requests to workers over pooled keep-alive connections, with health
+//! checks, circuit breakers, retries and graceful shutdown.
 //!
 //! Main types:
-//! - [`shard::Server`]: the running gateway ([`shard::start`]).
-//! - [`shard::Shared`]: what all shards share (workers, router, metrics).
+//! - [`shard::Server`]: the running gateway ([`gateway::start`]).
+//! - [`state::Shared`]: what all shards and background threads share.
+//! - [`message::Request`] / [`message::ResponseSink`]: the protocol-neutral exchange.
 //! - [`upstream::Pool`]: one shard's idle worker connections.
 //!
-//! A request reads top to bottom in [`exchange`]: parse ([`http1`]) → routing key
-//! (`kvroute_core::route_key`) → decide (`kvroute_core::policy`) → load guard → forward
-//! ([`upstream`]) → relay ([`relay`]) → record (metrics, guard drop).
+//! A request reads top to bottom in [`exchange`]: a transport ([`http1::server`]) parses it
+//! → routing key (`kvroute_core::route_key`) → decide (`kvroute_core::policy`, read-only) →
+//! load guard → forward ([`upstream`], retried elsewhere before the first byte) → record →
+//! relay ([`relay`]) → [`record::Record`] on drop (metrics, access log). Arrows:
+//! [`http1`] → [`exchange`] → [`message`]; the exchange never imports a transport.
 
 pub mod admin;
 pub mod conn;
-pub mod demo;
 pub mod error;
 pub mod exchange;
 pub mod gateway;
+pub mod health;
 pub mod http1;
 pub mod load_poll;
+pub mod message;
+pub mod migrate;
+pub mod record;
 pub mod relay;
 pub mod shard;
-pub mod simulate;
+pub mod state;
 pub mod upstream;
 pub mod zmq;

@@ -4,7 +4,14 @@
 use anyhow::Context;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use kvroute_core::config::{Config, defaults};
-use kvroute_io::{demo, gateway, simulate};
+use kvroute_io::gateway;
+
+#[cfg(feature = "bench")]
+mod demo;
+#[cfg(feature = "bench")]
+mod fleet;
+#[cfg(feature = "bench")]
+mod simulate;
 use std::path::PathBuf;
 
 #[global_allocator]
@@ -22,20 +29,26 @@ struct Cli {
 enum Command {
     /// Run the gateway in front of workers.
     Serve(Box<ServeArgs>),
+    #[cfg(feature = "bench")]
     /// Run one simulated vLLM-like engine.
     Engine(EngineArgs),
+    #[cfg(feature = "bench")]
     /// Replay a Mooncake-format trace (or the built-in workload) against a URL.
     Replay(ReplayArgs),
+    #[cfg(feature = "bench")]
     /// Start 4 engines and the router on loopback, replay a workload once per policy, print
     /// a comparison table.
     Demo(demo::DemoArgs),
+    #[cfg(feature = "bench")]
     /// The demo's comparison on the discrete-event simulator: the same router policy and
     /// engine model on a virtual clock, deterministic, about a second per run.
     Simulate(simulate::SimulateArgs),
+    #[cfg(feature = "bench")]
     /// Short benchmark runs (< 60 s each) that print and write JSON.
     Bench(BenchArgs),
 }
 
+#[cfg(feature = "bench")]
 /// Flags of `kvroute bench`.
 #[derive(Args, Debug)]
 struct BenchArgs {
@@ -47,6 +60,7 @@ struct BenchArgs {
     out: Option<PathBuf>,
 }
 
+#[cfg(feature = "bench")]
 /// The benchmarks of `kvroute bench`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 enum BenchWhat {
@@ -123,7 +137,7 @@ struct ServeArgs {
     block_size: Option<usize>,
     /// cache_aware index for token requests: tree, or hash (exact heads at --cache-boundaries).
     #[arg(long, value_parser = parse_cache_index)]
-    cache_index: Option<kvroute_core::policy::CacheIndexKind>,
+    cache_index: Option<kvroute_core::config::CacheIndexKind>,
     /// Hash index: token boundaries to record and probe, strictly ascending (comma-separated).
     #[arg(long, value_delimiter = ',')]
     cache_boundaries: Vec<usize>,
@@ -139,6 +153,96 @@ struct ServeArgs {
     /// Use the epoll driver even where io_uring works.
     #[arg(long)]
     force_epoll: bool,
+    /// Active health checks (`GET /health` of every worker) every this many s; 0 = off.
+    #[arg(long)]
+    health_check_interval_secs: Option<u64>,
+    /// Time allowed per health check, s.
+    #[arg(long)]
+    health_check_timeout_secs: Option<u64>,
+    /// Failed health checks in a row that make a worker unhealthy.
+    #[arg(long)]
+    health_failure_threshold: Option<u32>,
+    /// Passed health checks in a row that make it healthy again.
+    #[arg(long)]
+    health_success_threshold: Option<u32>,
+    /// Consecutive failed attempts that open a worker's circuit breaker.
+    #[arg(long)]
+    breaker_failure_threshold: Option<u32>,
+    /// Failures further apart than this do not add up, s.
+    #[arg(long)]
+    breaker_window_secs: Option<u64>,
+    /// An open breaker keeps its worker out this long, s.
+    #[arg(long)]
+    breaker_open_secs: Option<u64>,
+    /// Half-open successes that close the breaker.
+    #[arg(long)]
+    breaker_success_threshold: Option<u32>,
+    /// Retries of a request on other workers before the client sees a byte; 0 = none.
+    #[arg(long)]
+    retry_max: Option<u32>,
+    /// Wait before the first retry, ms.
+    #[arg(long)]
+    retry_initial_backoff_ms: Option<u64>,
+    /// Growth of the wait per retry.
+    #[arg(long)]
+    retry_backoff_multiplier: Option<f64>,
+    /// Largest wait between retries, ms.
+    #[arg(long)]
+    retry_max_backoff_ms: Option<u64>,
+    /// Relative jitter of each wait.
+    #[arg(long)]
+    retry_jitter: Option<f64>,
+    /// Retries earned per request in the fleet-wide retry budget.
+    #[arg(long)]
+    retry_budget_ratio: Option<f64>,
+    /// Retries the budget may bank.
+    #[arg(long)]
+    retry_budget_cap: Option<u32>,
+    /// No new attempt starts later than this after the request arrived, s.
+    #[arg(long)]
+    retry_deadline_secs: Option<u64>,
+    /// Time allowed for a worker's first response byte, s (then the attempt is retried
+    /// elsewhere, or 504).
+    #[arg(long)]
+    first_byte_timeout_secs: Option<u64>,
+    /// Migrate a generation whose worker fails mid-stream to another worker, at most this
+    /// many times per request; 0 = off (the stream ends with an error event).
+    #[arg(long)]
+    migration_limit: Option<u32>,
+    /// After SIGTERM/SIGINT, in-flight exchanges may finish for this long, s.
+    #[arg(long)]
+    shutdown_timeout_secs: Option<u64>,
+    /// Admin API address, HOST:PORT ("" = no admin API).
+    #[arg(long)]
+    admin_listen: Option<String>,
+    /// Bearer key of the admin API (required unless it listens on loopback).
+    #[arg(long, env = "KVROUTE_ADMIN_API_KEY", hide_env_values = true)]
+    admin_api_key: Option<String>,
+    /// A client API key (repeatable): inference and model routes need
+    /// `Authorization: Bearer KEY` [default: no authentication].
+    #[arg(long = "api-key", hide_env_values = true)]
+    api_keys: Vec<String>,
+    /// A file of client API keys, one per line (`#` comments).
+    #[arg(long)]
+    api_key_file: Option<PathBuf>,
+    /// Also name the worker's URL in `x-kvroute-worker-url` (only its id otherwise).
+    #[arg(long)]
+    expose_worker_url: bool,
+    /// Time for a client's request head, s (408 after).
+    #[arg(long)]
+    client_header_timeout_secs: Option<u64>,
+    /// Time between two reads of a request body, s (408 after).
+    #[arg(long)]
+    client_body_timeout_secs: Option<u64>,
+    /// Idle keep-alive client connections close after this, s.
+    #[arg(long)]
+    client_idle_timeout_secs: Option<u64>,
+    /// Client connections one shard serves at once (503 above).
+    #[arg(long)]
+    max_connections_per_shard: Option<usize>,
+    /// Log format: text or json (text carries colour only on a terminal).
+    #[arg(long, value_parser = parse_log_format)]
+    log_format: Option<kvroute_core::config::LogFormat>,
 }
 
 impl ServeArgs {
@@ -225,10 +329,56 @@ impl ServeArgs {
         if self.kv_indexer_max_entries.is_some() {
             cfg.kv_indexer_max_entries = self.kv_indexer_max_entries;
         }
+        // Flags with the config key's name and type: a given flag replaces the key.
+        macro_rules! overlay {
+            ($($field:ident),* $(,)?) => {
+                $(if let Some(v) = self.$field { cfg.$field = v; })*
+            };
+        }
+        overlay!(
+            health_check_interval_secs,
+            health_check_timeout_secs,
+            health_failure_threshold,
+            health_success_threshold,
+            breaker_failure_threshold,
+            breaker_window_secs,
+            breaker_open_secs,
+            breaker_success_threshold,
+            retry_max,
+            retry_initial_backoff_ms,
+            retry_backoff_multiplier,
+            retry_max_backoff_ms,
+            retry_jitter,
+            retry_budget_ratio,
+            retry_budget_cap,
+            retry_deadline_secs,
+            first_byte_timeout_secs,
+            migration_limit,
+            shutdown_timeout_secs,
+            admin_listen,
+            client_header_timeout_secs,
+            client_body_timeout_secs,
+            client_idle_timeout_secs,
+            max_connections_per_shard,
+            log_format,
+        );
+        if self.admin_api_key.is_some() {
+            cfg.admin_api_key = self.admin_api_key;
+        }
+        if !self.api_keys.is_empty() {
+            cfg.api_keys = self.api_keys;
+        }
+        if self.api_key_file.is_some() {
+            cfg.api_key_file = self.api_key_file;
+        }
+        if self.expose_worker_url {
+            cfg.expose_worker_url = true;
+        }
         Ok(cfg)
     }
 }
 
+#[cfg(feature = "bench")]
 /// Flags of `kvroute engine` (defaults: `kvroute_bench::engine::defaults`).
 #[derive(Args, Debug, Default)]
 struct EngineArgs {
@@ -278,6 +428,7 @@ struct EngineArgs {
     kv_events_encoding: Option<kvroute_bench::engine::events::Encoding>,
 }
 
+#[cfg(feature = "bench")]
 impl EngineArgs {
     /// The KV-event publishing these flags ask for, bound on `host`: `None` when neither port
     /// flag is given. A missing port takes [`kvroute_bench::engine::events::EVENTS_PORT`] /
@@ -307,6 +458,7 @@ impl EngineArgs {
     }
 }
 
+#[cfg(feature = "bench")]
 /// Flags of `kvroute replay`.
 #[derive(Args, Debug)]
 struct ReplayArgs {
@@ -330,8 +482,14 @@ struct ReplayArgs {
     out: Option<PathBuf>,
 }
 
+/// `text` or `json`, as in TOML.
+fn parse_log_format(s: &str) -> Result<kvroute_core::config::LogFormat, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| format!("expected text or json, got {s:?}"))
+}
+
 /// `tree` or `hash`, as in TOML.
-fn parse_cache_index(s: &str) -> Result<kvroute_core::policy::CacheIndexKind, String> {
+fn parse_cache_index(s: &str) -> Result<kvroute_core::config::CacheIndexKind, String> {
     serde_json::from_value(serde_json::Value::String(s.to_string()))
         .map_err(|_| format!("expected tree or hash, got {s:?}"))
 }
@@ -339,7 +497,6 @@ fn parse_cache_index(s: &str) -> Result<kvroute_core::policy::CacheIndexKind, St
 /// `[default: X]` suffixes for flags whose default lives in a `pub const` elsewhere, so help
 /// shows the one definition.
 fn with_defaults(cmd: clap::Command) -> clap::Command {
-    use kvroute_bench::engine::defaults as e;
     let serve: &[(&str, String)] = &[
         ("listen", defaults::LISTEN.to_string()),
         ("policy", defaults::POLICY.to_string()),
@@ -387,32 +544,31 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
             "tokenize_cache_tokens",
             defaults::TOKENIZE_CACHE_TOKENS.to_string(),
         ),
-    ];
-    let engine: &[(&str, String)] = &[
-        ("listen", e::ENGINE_LISTEN.to_string()),
-        ("model", e::MODEL_NAME.to_string()),
-        ("block_size", e::BLOCK_SIZE.to_string()),
-        ("num_gpu_blocks", e::NUM_GPU_BLOCKS.to_string()),
-        ("max_num_seqs", e::MAX_NUM_SEQS.to_string()),
-        (
-            "max_num_batched_tokens",
-            e::MAX_NUM_BATCHED_TOKENS.to_string(),
-        ),
-        ("speedup_ratio", e::SPEEDUP_RATIO.to_string()),
-        ("max_model_len", e::MAX_MODEL_LEN.to_string()),
-        ("seed", e::SEED.to_string()),
-        (
-            "kv_events_port",
-            kvroute_bench::engine::events::EVENTS_PORT.to_string(),
-        ),
-        (
-            "kv_replay_port",
-            kvroute_bench::engine::events::REPLAY_PORT.to_string(),
-        ),
-        (
-            "kv_events_encoding",
-            kvroute_bench::engine::events::Encoding::default().to_string(),
-        ),
+        ("health_check_interval_secs", defaults::HEALTH_CHECK_INTERVAL_SECS.to_string()),
+        ("health_check_timeout_secs", defaults::HEALTH_CHECK_TIMEOUT_SECS.to_string()),
+        ("health_failure_threshold", defaults::HEALTH_FAILURE_THRESHOLD.to_string()),
+        ("health_success_threshold", defaults::HEALTH_SUCCESS_THRESHOLD.to_string()),
+        ("breaker_failure_threshold", defaults::BREAKER_FAILURE_THRESHOLD.to_string()),
+        ("breaker_window_secs", defaults::BREAKER_WINDOW_SECS.to_string()),
+        ("breaker_open_secs", defaults::BREAKER_OPEN_SECS.to_string()),
+        ("breaker_success_threshold", defaults::BREAKER_SUCCESS_THRESHOLD.to_string()),
+        ("retry_max", defaults::RETRY_MAX.to_string()),
+        ("retry_initial_backoff_ms", defaults::RETRY_INITIAL_BACKOFF_MS.to_string()),
+        ("retry_backoff_multiplier", defaults::RETRY_BACKOFF_MULTIPLIER.to_string()),
+        ("retry_max_backoff_ms", defaults::RETRY_MAX_BACKOFF_MS.to_string()),
+        ("retry_jitter", defaults::RETRY_JITTER.to_string()),
+        ("retry_budget_ratio", defaults::RETRY_BUDGET_RATIO.to_string()),
+        ("retry_budget_cap", defaults::RETRY_BUDGET_CAP.to_string()),
+        ("retry_deadline_secs", defaults::RETRY_DEADLINE_SECS.to_string()),
+        ("first_byte_timeout_secs", defaults::FIRST_BYTE_TIMEOUT_SECS.to_string()),
+        ("migration_limit", defaults::MIGRATION_LIMIT.to_string()),
+        ("shutdown_timeout_secs", defaults::SHUTDOWN_TIMEOUT_SECS.to_string()),
+        ("admin_listen", defaults::ADMIN_LISTEN.to_string()),
+        ("client_header_timeout_secs", defaults::CLIENT_HEADER_TIMEOUT_SECS.to_string()),
+        ("client_body_timeout_secs", defaults::CLIENT_BODY_TIMEOUT_SECS.to_string()),
+        ("client_idle_timeout_secs", defaults::CLIENT_IDLE_TIMEOUT_SECS.to_string()),
+        ("max_connections_per_shard", defaults::MAX_CONNECTIONS_PER_SHARD.to_string()),
+        ("log_format", "text".to_string()),
     ];
     let add = |sub: clap::Command, table: &[(&str, String)]| {
         table.iter().fold(sub, |sub, (id, value)| {
@@ -422,32 +578,60 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
             })
         })
     };
-    cmd.mut_subcommand("serve", |s| add(s, serve))
-        .mut_subcommand("engine", |s| add(s, engine))
+    let cmd = cmd.mut_subcommand("serve", |s| add(s, serve));
+    #[cfg(feature = "bench")]
+    let cmd = {
+        use kvroute_bench::engine::defaults as e;
+        let engine: &[(&str, String)] = &[
+            ("listen", e::ENGINE_LISTEN.to_string()),
+            ("model", e::MODEL_NAME.to_string()),
+            ("block_size", e::BLOCK_SIZE.to_string()),
+            ("num_gpu_blocks", e::NUM_GPU_BLOCKS.to_string()),
+            ("max_num_seqs", e::MAX_NUM_SEQS.to_string()),
+            (
+                "max_num_batched_tokens",
+                e::MAX_NUM_BATCHED_TOKENS.to_string(),
+            ),
+            ("speedup_ratio", e::SPEEDUP_RATIO.to_string()),
+            ("max_model_len", e::MAX_MODEL_LEN.to_string()),
+            ("seed", e::SEED.to_string()),
+            (
+                "kv_events_port",
+                kvroute_bench::engine::events::EVENTS_PORT.to_string(),
+            ),
+            (
+                "kv_replay_port",
+                kvroute_bench::engine::events::REPLAY_PORT.to_string(),
+            ),
+            (
+                "kv_events_encoding",
+                kvroute_bench::engine::events::Encoding::default().to_string(),
+            ),
+        ];
+        cmd.mut_subcommand("engine", |s| add(s, engine))
+    };
+    cmd
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let matches = with_defaults(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches)?;
+    let log_format = match &cli.command {
+        Command::Serve(args) => args.log_format.unwrap_or_default(),
+        _ => Default::default(),
+    };
+    init_logging(log_format);
     match cli.command {
-        Command::Serve(args) => {
-            let force_epoll = args.force_epoll;
-            let cfg = (*args).into_config()?;
-            let server = gateway::start(cfg, force_epoll)?;
-            server.wait();
-            Ok(())
-        }
+        Command::Serve(args) => serve(*args),
+        #[cfg(feature = "bench")]
         Command::Engine(args) => run_engine(args),
+        #[cfg(feature = "bench")]
         Command::Replay(args) => run_replay(args),
+        #[cfg(feature = "bench")]
         Command::Demo(args) => demo::run(args),
+        #[cfg(feature = "bench")]
         Command::Simulate(args) => simulate::run(args),
+        #[cfg(feature = "bench")]
         Command::Bench(args) => {
             let report = match args.what {
                 BenchWhat::Index => kvroute_bench::index_bench::run()?,
@@ -463,6 +647,48 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// Logs to stderr in `format`, at `RUST_LOG` (default `info`); colour only when stderr is a
+/// terminal (a log file or journald gets plain text).
+fn init_logging(format: kvroute_core::config::LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        kvroute_core::config::LogFormat::Json => builder.json().init(),
+        kvroute_core::config::LogFormat::Text => {
+            builder.with_ansi(std::io::stderr().is_terminal()).init()
+        }
+    }
+}
+
+/// `kvroute serve`: runs until SIGTERM or SIGINT (graceful shutdown, exit 0); SIGHUP re-reads
+/// `--config` and applies its worker list.
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let force_epoll = args.force_epoll;
+    let config_path = args.config.clone();
+    let cfg = args.into_config()?;
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+    let server = gateway::start(cfg, force_epoll)?;
+    for sig in signals.forever() {
+        if sig == SIGHUP {
+            match &config_path {
+                Some(path) => gateway::reload(server.shared(), path),
+                None => tracing::warn!("SIGHUP without --config: nothing to re-read"),
+            }
+            continue;
+        }
+        tracing::info!(signal = sig, "shutdown signal");
+        server.shutdown();
+        return Ok(());
+    }
+    Ok(())
+}
+
+#[cfg(feature = "bench")]
 fn run_engine(args: EngineArgs) -> anyhow::Result<()> {
     let mut cfg = kvroute_bench::engine::EngineConfig::default();
     if let Some(v) = &args.listen {
@@ -500,6 +726,7 @@ fn run_engine(args: EngineArgs) -> anyhow::Result<()> {
     demo::run_engine_forever(cfg, tokenizer)
 }
 
+#[cfg(feature = "bench")]
 fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     let report = demo::replay_once(
         &args.url,
@@ -517,7 +744,7 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "bench"))]
 mod tests {
     use super::*;
     use kvroute_bench::engine::events::{EVENTS_PORT, Encoding, REPLAY_PORT};

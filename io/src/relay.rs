@@ -1,16 +1,21 @@
-//! Relay of a worker's response to the client, as the bytes arrive.
+//! Relay of a worker's response to the client's [`ResponseSink`], as the bytes arrive.
 //!
-//! The body bytes pass through unchanged (a chunked SSE stream stays chunked, chunk for
-//! chunk); kvroute only tracks the framing to know where the body ends, so the worker
-//! connection can go back to the pool, and keeps the body's last [`USAGE_TAIL_BYTES`] to read
-//! its `usage` (prompt and cached tokens) once it has ended. Backpressure is structural: the next read from the
-//! worker starts only after the previous bytes were written to the client, so a slow client
-//! holds at most one read buffer (16 KiB) of the response in the router (bug-cases.md B41).
-//! A failed client write drops the worker connection, which closes the upstream request: the
-//! engine sees the disconnect and aborts.
+//! The worker's body framing is decoded here (a chunked SSE stream yields its data, chunk by
+//! chunk) and the data goes to the sink, which frames it for the client's transport: HTTP/1.1
+//! re-chunks each piece as it came, so SSE events reach the client as the worker sent them.
+//! kvroute keeps the body's last [`USAGE_TAIL_BYTES`] to read its `usage` (prompt and cached
+//! tokens) once it has ended. Backpressure is structural: the next read from the worker
+//! starts only after the previous bytes were written to the client, so a slow client holds at
+//! most one read buffer (16 KiB) of the response in the router (bug-cases.md B41). A failed
+//! client write drops the worker connection, which closes the upstream request: the engine
+//! sees the disconnect and aborts.
 
 use crate::conn::Conn;
-use crate::http1::{self, ChunkedDecoder, Framing, ResponseHead};
+use crate::http1::{ChunkedDecoder, Framing, ResponseHead};
+use crate::message::{BodyKind, ResponseSink};
+use crate::migrate::StreamTracker;
+use crate::record::Record;
+use http::{HeaderName, HeaderValue};
 use monoio::buf::IoBufMut;
 use monoio::io::AsyncReadRent;
 use std::time::Instant;
@@ -27,9 +32,12 @@ pub enum RelayEnd {
     },
     /// The client went away (write failed); the worker connection was dropped.
     ClientGone,
-    /// The worker failed or timed out mid-body; the client connection must be closed since
-    /// its response is truncated.
-    UpstreamFailed,
+    /// The worker failed or timed out mid-body; nothing ended the client's body yet.
+    UpstreamFailed {
+        /// The response is an SSE stream (`text/event-stream`): it can be ended cleanly with
+        /// an error event.
+        sse: bool,
+    },
 }
 
 /// Size of one relay read, in bytes.
@@ -93,107 +101,133 @@ impl Tail {
     }
 }
 
-/// Writes the response head (hop-by-hop headers removed, `x-kvroute-worker` added) and relays
-/// the body until it ends, the client goes away, or `deadline` passes. A complete relay
-/// reports the body's [`Usage`] (read from its last [`USAGE_TAIL_BYTES`]; bytes unchanged).
+/// How a worker's body framing reaches the client.
+pub fn body_kind(framing: Framing) -> BodyKind {
+    match framing {
+        Framing::Empty => BodyKind::Length(0),
+        Framing::Length(n) => BodyKind::Length(n),
+        Framing::Chunked | Framing::UntilClose => BodyKind::Stream,
+    }
+}
+
+/// True when `head` announces an SSE stream.
+pub fn is_sse(head: &ResponseHead) -> bool {
+    head.headers.iter().any(|(n, v)| {
+        n.eq_ignore_ascii_case("content-type") && v.starts_with(b"text/event-stream")
+    })
+}
+
+/// The SSE end of a stream whose worker failed: an OpenAI-style error event (the OpenAI SDKs
+/// raise `APIError` on a data event with an `error` key) and `data: [DONE]`.
+pub fn sse_error_event(status: u16, message: &str) -> Vec<u8> {
+    let mut out = b"data: ".to_vec();
+    out.extend_from_slice(&crate::error::error_body(status, message));
+    out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+    out
+}
+
+/// Writes the response head (`headers`: end-to-end headers already chosen) and relays the
+/// body ([`relay_body`]).
 pub async fn relay(
-    client: &mut Conn,
+    sink: &mut impl ResponseSink,
     upstream: &mut Conn,
     head: &ResponseHead,
-    worker_url: &str,
-    client_keep_alive: bool,
+    headers: &[(HeaderName, HeaderValue)],
     deadline: Instant,
+    rec: &mut Record<'_>,
+    tracker: Option<&mut StreamTracker>,
 ) -> RelayEnd {
-    let headers: Vec<(String, Vec<u8>)> = head
-        .headers
-        .iter()
-        .filter(|(n, _)| !http1::is_hop_by_hop(n))
-        .cloned()
-        .collect();
-    let mut extra: Vec<(&str, &[u8])> = vec![("x-kvroute-worker", worker_url.as_bytes())];
-    if !client_keep_alive {
-        extra.push(("connection", b"close"));
-    }
-    let mut out = Vec::with_capacity(RELAY_READ_BYTES);
-    http1::write_response_head(
-        &mut out,
-        head.status,
-        &head.reason,
-        &headers,
-        head.framing,
-        &extra,
-    );
-
-    let mut body = Body::new(head.framing);
-    // Body bytes that arrived with the head go out in the same write as the head.
-    let first = upstream.take_buffered();
-    let mut tail = Tail::default();
-    tail.push(&first);
-    let status = body.push(&first, &mut out);
-    let mut upstream_ok = head.keep_alive;
-    match status {
-        Ok(true) => {}
-        Ok(false) => upstream_ok = false, // surplus bytes after the body
-        Err(()) => return finish_failed(client, out).await,
-    }
-    let (res, returned) = client.write_all(out).await;
-    if res.is_err() {
+    if sink
+        .send_head(head.status, headers, body_kind(head.framing))
+        .await
+        .is_err()
+    {
         return RelayEnd::ClientGone;
     }
-    let mut out = returned;
-    let mut read_buf = Vec::with_capacity(RELAY_READ_BYTES);
-    while !body.done() {
+    relay_body(sink, upstream, head, deadline, rec, tracker).await
+}
+
+/// Relays the body of `head` until it ends, the client goes away, or `deadline` passes. The
+/// first body bytes are already in `upstream`'s buffer (the exchange held the head until
+/// they came). With a `tracker` (migration on), data passes through it event by event. A
+/// complete relay reports the body's [`Usage`]; `rec` gets the TTFT and the response-side
+/// latency of the first bytes.
+pub async fn relay_body(
+    sink: &mut impl ResponseSink,
+    upstream: &mut Conn,
+    head: &ResponseHead,
+    deadline: Instant,
+    rec: &mut Record<'_>,
+    mut tracker: Option<&mut StreamTracker>,
+) -> RelayEnd {
+    let arrived = Instant::now();
+    let sse = is_sse(head);
+    let mut body = Body::new(head.framing);
+    let mut tail = Tail::default();
+    let mut upstream_ok = head.keep_alive;
+    let mut out = Vec::with_capacity(RELAY_READ_BYTES);
+    let mut data = Vec::with_capacity(RELAY_READ_BYTES);
+    let mut pending = upstream.take_buffered();
+    loop {
+        out.clear();
+        if !pending.is_empty() {
+            data.clear();
+            match body.push(&pending, &mut data) {
+                Ok(true) => {}
+                Ok(false) => upstream_ok = false, // surplus bytes after the body
+                Err(()) => return RelayEnd::UpstreamFailed { sse },
+            }
+            tail.push(&data);
+            match tracker.as_deref_mut() {
+                Some(t) => t.filter(&data, &mut out),
+                None => std::mem::swap(&mut out, &mut data),
+            }
+            if !out.is_empty() {
+                let (res, returned) = sink.send_data(std::mem::take(&mut out)).await;
+                out = returned;
+                if res.is_err() {
+                    return RelayEnd::ClientGone;
+                }
+                if rec.ttft.is_none() {
+                    rec.ttft = Some(rec.received.elapsed());
+                    rec.response_added = Some(arrived.elapsed());
+                }
+            }
+        }
+        if body.done() {
+            break;
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return RelayEnd::UpstreamFailed;
+            return RelayEnd::UpstreamFailed { sse };
         }
-        read_buf.clear();
-        let cap = read_buf.capacity();
+        pending.clear();
+        pending.reserve(RELAY_READ_BYTES);
+        let cap = pending.capacity();
         let (res, slice) =
-            match monoio::time::timeout(left, upstream.stream.read(read_buf.slice_mut(0..cap)))
+            match monoio::time::timeout(left, upstream.stream.read(pending.slice_mut(0..cap)))
                 .await
             {
                 Ok(r) => r,
-                Err(_) => return RelayEnd::UpstreamFailed,
+                Err(_) => return RelayEnd::UpstreamFailed { sse },
             };
-        read_buf = slice.into_inner();
-        let n = match res {
-            Ok(n) => n,
-            Err(_) => return RelayEnd::UpstreamFailed,
-        };
-        out.clear();
-        if n == 0 {
-            if body.framing == Framing::UntilClose {
-                out.extend_from_slice(b"0\r\n\r\n");
+        pending = slice.into_inner();
+        match res {
+            Ok(0) if body.framing == Framing::UntilClose => {
                 body.finished = true;
                 upstream_ok = false;
-            } else {
-                return RelayEnd::UpstreamFailed;
             }
-        } else {
-            tail.push(&read_buf[..n]);
-            match body.push(&read_buf[..n], &mut out) {
-                Ok(true) => {}
-                Ok(false) => upstream_ok = false,
-                Err(()) => return RelayEnd::UpstreamFailed,
-            }
+            Ok(0) | Err(_) => return RelayEnd::UpstreamFailed { sse },
+            Ok(_) => {}
         }
-        let (res, returned) = client.write_all(out).await;
-        out = returned;
-        if res.is_err() {
-            return RelayEnd::ClientGone;
-        }
+    }
+    if sink.finish().await.is_err() {
+        return RelayEnd::ClientGone;
     }
     RelayEnd::Complete {
         reusable: upstream_ok,
         usage: Usage::parse(tail.last()),
     }
-}
-
-async fn finish_failed(client: &mut Conn, out: Vec<u8>) -> RelayEnd {
-    // The head is already decided; send what we have and close.
-    let _ = client.write_all(out).await;
-    RelayEnd::UpstreamFailed
 }
 
 /// Tracks where a response body ends while its bytes are copied to the client.
@@ -222,9 +256,9 @@ impl Body {
         self.finished
     }
 
-    /// Copies the body part of `input` to `out` (re-framing an until-close body as chunks).
-    /// Returns `Ok(false)` when `input` held bytes past the end of the body (the worker
-    /// connection is then not reusable), `Err` on a framing error.
+    /// Appends the body data in `input` to `out` (chunk framing removed). Returns
+    /// `Ok(false)` when `input` held bytes past the end of the body (the worker connection is
+    /// then not reusable), `Err` on a framing error.
     fn push(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<bool, ()> {
         if input.is_empty() {
             return Ok(true);
@@ -239,15 +273,12 @@ impl Body {
                 Ok(take == input.len())
             }
             Framing::Chunked => {
-                let used = self.chunked.feed(input, None).map_err(|_| ())?;
-                out.extend_from_slice(&input[..used]);
+                let used = self.chunked.feed(input, Some(out)).map_err(|_| ())?;
                 self.finished = self.chunked.is_done();
                 Ok(used == input.len())
             }
             Framing::UntilClose => {
-                out.extend_from_slice(format!("{:x}\r\n", input.len()).as_bytes());
                 out.extend_from_slice(input);
-                out.extend_from_slice(b"\r\n");
                 Ok(true)
             }
         }

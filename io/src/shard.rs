@@ -2,75 +2,25 @@
 //! `SO_REUSEPORT` listener, so the kernel spreads connections over shards and a connection
 //! lives on one shard for its whole life.
 //!
-//! Shards share only [`Shared`] (config, worker registry with atomic in-flight counts, the
+//! Shards share only [`Shared`] (settings, worker registry with atomic in-flight counts, the
 //! router's indexes, metrics, the tokenizers as loaded). Each shard owns its upstream [`Pool`]
 //! and its [`ShardTokenizers`] (own copies of the tokenizers and an incremental-tokenization
 //! prefix cache), made on the shard's thread.
 
-use crate::exchange;
-use crate::upstream::{Pool, Target};
-use kvroute_core::metrics::Metrics;
-use kvroute_core::policy::Router;
-use kvroute_core::route_key::RouteKey;
-use kvroute_core::tokens::{ShardTokenizers, Tokenizers};
-use kvroute_core::workers::Workers;
-use std::cell::RefCell;
+use crate::exchange::ShardCtx;
+use crate::state::Shared;
+use crate::upstream::Pool;
+use std::cell::{Cell, RefCell};
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Network settings of `kvroute serve`, validated (durations, not raw numbers).
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Address to listen on; port 0 picks a free port (tests).
-    pub listen: String,
-    /// Shard threads; each is pinned to one of the cores the process may use.
-    pub shards: usize,
-    /// Largest request body, in bytes (413 above).
-    pub max_body_bytes: usize,
-    /// Largest request head, in bytes (431 above).
-    pub max_head_bytes: usize,
-    /// Time allowed for a whole exchange with a worker (504 when no head arrives in time).
-    pub request_timeout: Duration,
-    /// Idle upstream connections older than this are closed, not reused.
-    pub upstream_idle_timeout: Duration,
-    /// Time allowed to connect to a worker (502 after).
-    pub connect_timeout: Duration,
-    /// Force the epoll (legacy) driver even where io_uring works.
-    pub force_epoll: bool,
-}
-
-/// State shared by all shards.
-pub struct Shared {
-    /// Network settings.
-    pub settings: Settings,
-    /// Worker registry with in-flight counts (atomics).
-    pub workers: Arc<Workers>,
-    /// Resolved worker addresses, by worker id.
-    pub targets: Vec<Target>,
-    /// The routing policy and its indexes.
-    pub router: Router,
-    /// Writer side of the KV-event index (stats for `/metrics` and `/admin`; the router reads
-    /// the index lock-free). `None` without event sources.
-    pub events: Option<crate::zmq::SharedEvents>,
-    /// Prometheus metrics.
-    pub metrics: Metrics,
-    /// The policy's name, for metric labels.
-    pub policy_name: &'static str,
-    /// Tokenizers loaded at start-up (empty: text-mode routing); each shard copies them once.
-    pub tokenizers: Tokenizers,
-    /// Test hook: once set, every routed request's final [`RouteKey`] (after tokenization) is
-    /// appended here. Unset in production: one atomic load per request.
-    pub key_tap: OnceLock<Mutex<Vec<RouteKey>>>,
-}
 
 /// A running gateway: its address and shard threads.
 pub struct Server {
     addr: SocketAddr,
-    shutdown: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     shared: Arc<Shared>,
 }
@@ -86,58 +36,70 @@ impl Server {
         &self.shared
     }
 
-    /// Stops accepting, ends every shard's runtime (dropping its open connections), and
-    /// joins the threads. Bounded: gives up waiting after 5 s.
-    pub fn shutdown(mut self) {
-        self.shutdown.store(true, Ordering::SeqCst);
-        let until = Instant::now() + Duration::from_secs(5);
+    /// Graceful shutdown: readiness turns false, the listeners close, exchanges in flight may
+    /// finish for up to `--shutdown-timeout-secs`, then every shard's runtime ends (dropping
+    /// what is still open) and the threads are joined. Returns the exchanges cut at the end
+    /// (0 when all finished). Bounded: the grace plus 5 s.
+    pub fn shutdown(mut self) -> usize {
+        let grace = self.shared.settings.shutdown_timeout;
+        self.shared.shutting_down.store(true, Ordering::SeqCst);
+        tracing::info!(
+            in_flight = self.shared.in_flight.load(Ordering::SeqCst),
+            grace_secs = grace.as_secs_f64(),
+            "shutting down: listeners closing, waiting for exchanges in flight"
+        );
+        let until = Instant::now() + grace + Duration::from_secs(5);
         // Wake each shard's accept: the kernel spreads these connections over the listeners.
         while self.threads.iter().any(|t| !t.is_finished()) && Instant::now() < until {
             let _ = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(100));
-            std::thread::sleep(Duration::from_millis(2));
+            std::thread::sleep(Duration::from_millis(20));
         }
+        let cut = self.shared.in_flight.load(Ordering::SeqCst);
         for t in self.threads.drain(..) {
             if t.is_finished() {
                 let _ = t.join();
             }
         }
+        tracing::info!(cut, "shutdown complete");
+        cut
     }
 
-    /// Blocks until every shard thread ends (i.e. forever, for `kvroute serve`).
+    /// Blocks until every shard thread ends (after a [`Server::shutdown`] from elsewhere,
+    /// or forever).
     pub fn wait(mut self) {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
+
+    /// True once every shard thread has ended.
+    pub fn is_finished(&self) -> bool {
+        self.threads.iter().all(|t| t.is_finished())
+    }
 }
 
-/// Resolves each worker URL's `host:port` once.
+/// Resolves `host:port` to its first address.
 ///
 /// # Errors
-/// A worker whose host does not resolve.
-pub fn resolve_targets(workers: &Workers) -> std::io::Result<Vec<Target>> {
-    workers
-        .iter()
-        .map(|w| {
-            let authority = format!("{}:{}", w.host, w.port);
-            let addr = authority.to_socket_addrs()?.next().ok_or_else(|| {
-                std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    format!("cannot resolve {authority}"),
-                )
-            })?;
-            Ok(Target {
-                id: w.id,
-                url: w.url.clone(),
-                authority,
-                addr,
-            })
-        })
-        .collect()
+/// The host does not resolve.
+pub fn resolve(host: &str, port: u16) -> std::io::Result<SocketAddr> {
+    (host, port).to_socket_addrs()?.next().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("cannot resolve {host}:{port}"),
+        )
+    })
 }
 
 /// Binds `n` listeners on one address with `SO_REUSEPORT` (the first decides the port when
 /// `listen` has port 0).
+///
+/// `SO_REUSEPORT` would let a second process bind the same port and silently take half of
+/// the connections; so the address is first bound once *without* it, which fails with
+/// `AddrInUse` while any other socket holds the port.
+///
+/// # Errors
+/// The address does not parse or resolve, or is in use (a clear error naming it).
 fn bind_listeners(listen: &str, n: usize) -> std::io::Result<Vec<TcpListener>> {
     let mut addr = listen.to_socket_addrs()?.next().ok_or_else(|| {
         std::io::Error::new(
@@ -145,19 +107,39 @@ fn bind_listeners(listen: &str, n: usize) -> std::io::Result<Vec<TcpListener>> {
             format!("bad listen address {listen}"),
         )
     })?;
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let socket = socket2::Socket::new(
-            socket2::Domain::for_address(addr),
+    let domain = socket2::Domain::for_address(addr);
+    let socket = |reuse_port: bool| -> std::io::Result<socket2::Socket> {
+        let s = socket2::Socket::new(
+            domain,
             socket2::Type::STREAM,
             Some(socket2::Protocol::TCP),
         )?;
-        socket.set_reuse_address(true)?;
-        socket.set_reuse_port(true)?;
-        socket.set_nonblocking(true)?;
-        socket.bind(&addr.into())?;
-        socket.listen(4096)?;
-        let l: TcpListener = socket.into();
+        s.set_reuse_address(true)?;
+        s.set_reuse_port(reuse_port)?;
+        Ok(s)
+    };
+    let probe = socket(false)?;
+    probe.bind(&addr.into()).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            std::io::Error::new(
+                e.kind(),
+                format!("{addr} is already in use by another process (is kvroute already running?)"),
+            )
+        } else {
+            e
+        }
+    })?;
+    if let Some(a) = probe.local_addr()?.as_socket() {
+        addr = a;
+    }
+    drop(probe);
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let s = socket(true)?;
+        s.set_nonblocking(true)?;
+        s.bind(&addr.into())?;
+        s.listen(4096)?;
+        let l: TcpListener = s.into();
         addr = l.local_addr()?;
         out.push(l);
     }
@@ -168,27 +150,23 @@ fn bind_listeners(listen: &str, n: usize) -> std::io::Result<Vec<TcpListener>> {
 ///
 /// # Errors
 /// Binding the listen address failed, or a shard thread could not be spawned.
-pub fn start(shared: Shared) -> std::io::Result<Server> {
-    let shared = Arc::new(shared);
+pub fn start(shared: Arc<Shared>) -> std::io::Result<Server> {
     let n = shared.settings.shards.max(1);
     let listeners = bind_listeners(&shared.settings.listen, n)?;
     let addr = listeners[0].local_addr()?;
     let cores = core_affinity::get_core_ids().unwrap_or_default();
-    let shutdown = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::with_capacity(n);
     for (i, listener) in listeners.into_iter().enumerate() {
         let shared = shared.clone();
-        let shutdown = shutdown.clone();
         let core = (!cores.is_empty()).then(|| cores[i % cores.len()]);
         let t = std::thread::Builder::new()
             .name(format!("kvroute-shard-{i}"))
-            .spawn(move || run_shard(i, core, listener, shared, shutdown))?;
+            .spawn(move || run_shard(i, core, listener, shared))?;
         threads.push(t);
     }
     tracing::info!(%addr, shards = n, "kvroute listening");
     Ok(Server {
         addr,
-        shutdown,
         threads,
         shared,
     })
@@ -199,7 +177,6 @@ fn run_shard(
     core: Option<core_affinity::CoreId>,
     listener: TcpListener,
     shared: Arc<Shared>,
-    shutdown: Arc<AtomicBool>,
 ) {
     if let Some(core) = core
         && !core_affinity::set_for_current(core)
@@ -214,7 +191,7 @@ fn run_shard(
         driver,
         "shard started"
     );
-    let fut = accept_loop(listener, shared, shutdown);
+    let fut = accept_loop(listener, shared);
     let result = if uring {
         monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
             .enable_timer()
@@ -231,7 +208,7 @@ fn run_shard(
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Arc<AtomicBool>) {
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let listener = match monoio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -240,34 +217,46 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Arc<A
         }
     };
     let pool = Rc::new(Pool::new(
-        shared.targets.len(),
         shared.settings.upstream_idle_timeout,
         shared.settings.connect_timeout,
     ));
     // Close idle upstream connections once they pass the idle timeout, not only when next
-    // taken, so workers see them go after ~3 s (below their own 5 s keep-alive).
+    // taken, so workers see them go after ~3 s (below their own 5 s keep-alive); and those of
+    // removed workers.
     let sweeper = pool.clone();
+    let workers = shared.workers.clone();
     monoio::spawn(async move {
         let period = (sweeper.idle_timeout() / 3).max(Duration::from_millis(100));
         loop {
             monoio::time::sleep(period).await;
-            sweeper.sweep();
+            sweeper.sweep(|w| workers.get(w).is_some());
         }
     });
-    let tokens: Rc<RefCell<ShardTokenizers>> = Rc::new(RefCell::new(shared.tokenizers.for_shard()));
+    let ctx = ShardCtx {
+        shared: shared.clone(),
+        pool,
+        tokens: Rc::new(RefCell::new(shared.tokenizers.for_shard())),
+    };
+    let open = Rc::new(Cell::new(0usize));
+    let max = shared.settings.max_connections_per_shard;
     loop {
         let accepted = listener.accept().await;
-        if shutdown.load(Ordering::SeqCst) {
-            return;
+        if shared.is_shutting_down() {
+            break;
         }
         match accepted {
+            Ok((stream, _)) if open.get() >= max => {
+                shared.metrics.on_bad_request("too_many_connections");
+                monoio::spawn(refuse(stream));
+            }
             Ok((stream, _)) => {
-                monoio::spawn(exchange::serve_connection(
-                    shared.clone(),
-                    pool.clone(),
-                    tokens.clone(),
-                    stream,
-                ));
+                let ctx = ctx.clone();
+                let open = open.clone();
+                open.set(open.get() + 1);
+                monoio::spawn(async move {
+                    crate::http1::server::serve_connection(ctx, stream).await;
+                    open.set(open.get() - 1);
+                });
             }
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
@@ -275,4 +264,23 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Arc<A
             }
         }
     }
+    drop(listener);
+    // Exchanges in flight (on every shard) may finish within the grace.
+    let until = Instant::now() + shared.settings.shutdown_timeout;
+    while shared.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+        monoio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Answers a connection over the shard's limit with a 503 and closes it.
+async fn refuse(stream: monoio::net::TcpStream) {
+    let mut conn = crate::conn::Conn::new(stream);
+    let body = crate::error::error_body(503, "too many connections");
+    let mut out = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\nretry-after: 1\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    let _ = conn.write_all(out).await;
 }

@@ -2,14 +2,13 @@
 //! ([`kvroute_bench::sim`]): the same policies, engines and workload on a virtual clock, so a
 //! run takes about a second, has no run-to-run noise, and can be repeated over seeds.
 
-use crate::demo;
+use crate::fleet::{self, FleetArgs};
 use anyhow::Context;
-use kvroute_bench::engine::EngineConfig;
 use kvroute_bench::replay;
-use kvroute_bench::sim::{self, Run, SimConfig, SimReport};
+use kvroute_bench::sim::{self, Run, SimReport};
 use kvroute_bench::trace::{self, PromptBuilder, WordIds};
 use kvroute_bench::workload::{self, WorkloadParams};
-use kvroute_core::config::{Config, PolicyKind};
+use kvroute_core::config::PolicyKind;
 use kvroute_tokenize::Tokenizer;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -19,7 +18,7 @@ use std::time::Instant;
 pub struct SimulateArgs {
     /// Workload and fleet (as `kvroute demo`).
     #[command(flatten)]
-    pub fleet: demo::FleetArgs,
+    pub fleet: FleetArgs,
     /// Policies to compare, in order (comma-separated; names as `kvroute demo --policies`).
     #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL.iter().map(|p| p.to_string()).chain([sim::TOKENS_RUN.to_string(), sim::EVENTS_RUN.to_string()]).collect::<Vec<_>>())]
     pub policies: Vec<String>,
@@ -50,50 +49,6 @@ pub struct SimulateArgs {
     pub out: Option<PathBuf>,
 }
 
-/// The fleet a demo run or a simulated run sets up: the same fields give the same engines,
-/// replicas and arrivals in both.
-#[derive(Debug, Clone, Copy)]
-pub struct Fleet {
-    /// Engines.
-    pub engines: usize,
-    /// KV capacity of each engine, blocks.
-    pub num_gpu_blocks: usize,
-    /// Engine speed-up over the timing model.
-    pub speedup_ratio: f64,
-    /// Trace timestamps are divided by this.
-    pub time_scale: f64,
-    /// Router replicas.
-    pub replicas: usize,
-    /// Engine load reports, ms (0 = off).
-    pub load_poll_ms: u64,
-}
-
-impl Fleet {
-    /// The simulator's config for `run` on this fleet, every other setting at its default
-    /// (the router's [`Config::default`], seed [`sim::DEFAULT_SEED`], events delay
-    /// [`sim::DEFAULT_EVENT_DELAY_MS`]).
-    pub fn config(&self, run: Run) -> SimConfig {
-        SimConfig {
-            engines: self.engines,
-            engine: EngineConfig {
-                num_gpu_blocks: self.num_gpu_blocks,
-                speedup_ratio: self.speedup_ratio,
-                ..EngineConfig::default()
-            },
-            router: Config {
-                policy: run.policy,
-                load_poll_ms: self.load_poll_ms,
-                ..Config::default()
-            },
-            routing: run.routing,
-            time_scale: self.time_scale,
-            seed: sim::DEFAULT_SEED,
-            event_delay_ms: sim::DEFAULT_EVENT_DELAY_MS,
-            replicas: self.replicas,
-        }
-    }
-}
-
 /// `kvroute simulate`: prints one comparison table per run (or, with `--runs` > 1, one line
 /// per run and a summary per policy).
 ///
@@ -117,7 +72,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         trace::MOONCAKE_NAMESPACE,
     );
     let file = match &args.fleet.trace {
-        Some(p) => Some(demo::load_records(Some(p), args.fleet.max_requests)?),
+        Some(p) => Some(fleet::load_records(Some(p), args.fleet.max_requests)?),
         None => None,
     };
     let mut all: Vec<Vec<(String, SimReport)>> = Vec::with_capacity(args.runs);

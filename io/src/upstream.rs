@@ -1,5 +1,6 @@
-//! Upstream connections: a per-shard keep-alive pool per worker, and one request/response
-//! exchange with a worker up to the end of the response head.
+//! Upstream connections: a per-shard keep-alive pool per worker, and one attempt of an
+//! exchange with a worker up to its first body byte (the head is held until then, so a
+//! worker that fails before it can be retried without the client noticing).
 //!
 //! The pool lives on one shard (single-threaded, `RefCell`), so taking and returning a
 //! connection never takes a lock. Idle connections older than `--upstream-idle-timeout-ms`
@@ -9,7 +10,8 @@
 
 use crate::conn::Conn;
 use crate::error::{HttpError, ProxyError};
-use crate::http1::{self, ResponseHead};
+use crate::http1::{self, Framing, ResponseHead};
+use kvroute_core::workers::Worker;
 use monoio::net::TcpStream;
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -19,6 +21,7 @@ use std::time::{Duration, Instant};
 ///
 /// # Invariants
 /// 1. `idle[w]` holds only connections to worker `w`, oldest first.
+/// 2. After [`Pool::sweep`], no connection of a removed worker is held.
 pub struct Pool {
     idle: RefCell<Vec<Vec<(Conn, Instant)>>>,
     idle_timeout: Duration,
@@ -26,10 +29,10 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// An empty pool for `workers` workers.
-    pub fn new(workers: usize, idle_timeout: Duration, connect_timeout: Duration) -> Self {
+    /// An empty pool (it grows as workers are added).
+    pub fn new(idle_timeout: Duration, connect_timeout: Duration) -> Self {
         Self {
-            idle: RefCell::new((0..workers).map(|_| Vec::new()).collect()),
+            idle: RefCell::new(Vec::new()),
             idle_timeout,
             connect_timeout,
         }
@@ -41,7 +44,7 @@ impl Pool {
     /// The connect error, or `TimedOut` after the connect timeout.
     pub async fn get(&self, worker: usize, addr: SocketAddr) -> std::io::Result<(Conn, bool)> {
         loop {
-            let popped = self.idle.borrow_mut()[worker].pop();
+            let popped = self.idle.borrow_mut().get_mut(worker).and_then(Vec::pop);
             match popped {
                 Some((conn, since)) if since.elapsed() < self.idle_timeout => {
                     return Ok((conn, true));
@@ -63,15 +66,23 @@ impl Pool {
     /// Returns a connection whose last response ended cleanly.
     pub fn put(&self, worker: usize, conn: Conn) {
         let mut idle = self.idle.borrow_mut();
+        if idle.len() <= worker {
+            idle.resize_with(worker + 1, Vec::new);
+        }
         let list = &mut idle[worker];
         list.retain(|(_, since)| since.elapsed() < self.idle_timeout);
         list.push((conn, Instant::now()));
     }
 
-    /// Closes every idle connection older than the idle timeout.
-    pub fn sweep(&self) {
-        for list in self.idle.borrow_mut().iter_mut() {
-            list.retain(|(_, since)| since.elapsed() < self.idle_timeout);
+    /// Closes every idle connection older than the idle timeout, and every connection of a
+    /// worker that `present` says is gone (removed from the registry).
+    pub fn sweep(&self, present: impl Fn(usize) -> bool) {
+        for (w, list) in self.idle.borrow_mut().iter_mut().enumerate() {
+            if present(w) {
+                list.retain(|(_, since)| since.elapsed() < self.idle_timeout);
+            } else {
+                list.clear();
+            }
         }
     }
 
@@ -82,39 +93,66 @@ impl Pool {
 
     /// Idle connections held for `worker` (for tests and metrics).
     pub fn idle_count(&self, worker: usize) -> usize {
-        self.idle.borrow()[worker].len()
+        self.idle.borrow().get(worker).map_or(0, Vec::len)
     }
 }
 
-/// Where a worker lives, resolved once at start-up.
-#[derive(Debug, Clone)]
-pub struct Target {
-    /// Dense worker id (index into the registry).
-    pub id: usize,
-    /// Worker URL as configured (`http://host:port`), reported in `x-kvroute-worker`.
-    pub url: String,
-    /// `host:port` for the `Host` header.
-    pub authority: String,
-    /// Resolved socket address.
-    pub addr: SocketAddr,
+/// The names a `Connection` header lists (RFC 9110 §7.6.1: each is hop-by-hop for this
+/// message), lower-cased.
+fn connection_named<'a>(headers: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Vec<Vec<u8>> {
+    headers
+        .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
+        .flat_map(|(_, v)| v.split(|&b| b == b','))
+        .map(|t| t.trim_ascii().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect()
 }
 
-/// Builds the request sent to the worker: the client's method and target, the end-to-end
-/// headers (hop-by-hop removed), `Host` set to the worker, and the client's body bytes
-/// unchanged with a `Content-Length`.
-pub fn build_request(head: &http1::RequestHead, body: &[u8], target: &Target) -> Vec<u8> {
+/// Builds the request sent to `worker`: the client's method and target, its end-to-end
+/// headers (hop-by-hop ones and those named in its `Connection` header removed), `Host` set
+/// to the worker, `x-request-id`, the worker's own key as `Authorization` when it has one
+/// (replacing the client's: exactly one goes upstream), and the body unchanged with a
+/// `Content-Length`.
+pub fn build_request(
+    parts: &http::request::Parts,
+    body: &[u8],
+    worker: &Worker,
+    request_id: &str,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(512 + body.len());
-    out.extend_from_slice(head.method.as_bytes());
+    out.extend_from_slice(parts.method.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(head.target.as_bytes());
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str());
+    out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    http1::push_header(&mut out, "host", target.authority.as_bytes());
-    for (name, value) in &head.headers {
-        if !http1::is_hop_by_hop(name) {
-            http1::push_header(&mut out, name, value);
+    http1::push_header(&mut out, "host", worker.authority.as_bytes());
+    let named = connection_named(
+        parts
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
+    );
+    for (name, value) in &parts.headers {
+        let n = name.as_str();
+        if http1::is_hop_by_hop(n)
+            || named.iter().any(|x| x.as_slice() == n.as_bytes())
+            || n == "x-request-id"
+            || (n == "authorization" && worker.api_key.is_some())
+        {
+            continue;
         }
+        http1::push_header(&mut out, n, value.as_bytes());
     }
-    if !body.is_empty() || head.method != "GET" {
+    http1::push_header(&mut out, "x-request-id", request_id.as_bytes());
+    if let Some(key) = &worker.api_key {
+        let mut v = b"Bearer ".to_vec();
+        v.extend_from_slice(key.as_bytes());
+        http1::push_header(&mut out, "authorization", &v);
+    }
+    if !body.is_empty() || parts.method != http::Method::GET {
         http1::push_header(
             &mut out,
             "content-length",
@@ -126,38 +164,75 @@ pub fn build_request(head: &http1::RequestHead, body: &[u8], target: &Target) ->
     out
 }
 
-/// Sends `request` to `target` and reads the response head (skipping 1xx).
-///
-/// On return the connection's buffer holds the first body bytes that arrived with the head.
+/// The end-to-end headers of a worker's response, for the client: hop-by-hop headers, those
+/// named in its `Connection` header, and any `x-kvroute-*` or `x-request-id` it set removed
+/// (kvroute sets those itself). Headers the `http` types refuse are dropped.
+pub fn response_headers(head: &ResponseHead) -> Vec<(http::HeaderName, http::HeaderValue)> {
+    let named = connection_named(
+        head.headers
+            .iter()
+            .map(|(n, v)| (n.as_bytes(), v.as_slice())),
+    );
+    head.headers
+        .iter()
+        .filter(|(n, _)| {
+            !http1::is_hop_by_hop(n)
+                && !named.iter().any(|x| x.eq_ignore_ascii_case(n.as_bytes()))
+                && !n.to_ascii_lowercase().starts_with("x-kvroute-")
+                && !n.eq_ignore_ascii_case("x-request-id")
+        })
+        .filter_map(|(n, v)| {
+            Some((
+                http::HeaderName::from_bytes(n.as_bytes()).ok()?,
+                http::HeaderValue::from_bytes(v).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Sends `request` to `worker` and reads the response head (skipping 1xx) and, when the
+/// response has a body, its first bytes: on return the connection's buffer holds at least
+/// one body byte (or the body is empty).
 ///
 /// # Errors
-/// - [`ProxyError::Connect`]: connecting failed (→ 502).
-/// - [`ProxyError::Timeout`]: no response head before `deadline` (→ 504).
-/// - [`ProxyError::Upstream`]: the connection broke or the head is not valid HTTP (→ 502).
+/// - [`ProxyError::Connect`]: connecting failed.
+/// - [`ProxyError::Timeout`]: no head, or no first body byte, before `deadline`.
+/// - [`ProxyError::Upstream`]: the connection broke or the head is not valid HTTP.
 pub async fn send(
     pool: &Pool,
-    target: &Target,
+    worker: &Worker,
     method: &str,
     request: Vec<u8>,
     deadline: Instant,
     timeout_secs: u64,
     max_head_bytes: usize,
 ) -> Result<(Conn, ResponseHead), ProxyError> {
+    let Some(addr) = worker.addr else {
+        return Err(ProxyError::Connect {
+            worker: worker.id,
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "address not resolved"),
+        });
+    };
     let mut request = request;
     let mut retried = false;
     loop {
-        let (mut conn, reused) =
-            pool.get(target.id, target.addr)
-                .await
-                .map_err(|source| ProxyError::Connect {
-                    worker: target.url.clone(),
-                    source,
-                })?;
+        let (mut conn, reused) = pool
+            .get(worker.id, addr)
+            .await
+            .map_err(|source| ProxyError::Connect {
+                worker: worker.id,
+                source,
+            })?;
         let (res, buf) = conn.write_all(request).await;
         request = buf;
         let outcome = match res {
             Err(e) => Err(Failure::BeforeResponse(e.to_string())),
-            Ok(()) => read_head(&mut conn, method, deadline, max_head_bytes).await,
+            Ok(()) => match read_head(&mut conn, method, deadline, max_head_bytes).await {
+                Ok(head) => first_body_bytes(&mut conn, &head, deadline)
+                    .await
+                    .map(|()| head),
+                Err(e) => Err(e),
+            },
         };
         match outcome {
             Ok(head) => return Ok((conn, head)),
@@ -168,18 +243,40 @@ pub async fn send(
             }
             Err(Failure::BeforeResponse(message)) | Err(Failure::Protocol(message)) => {
                 return Err(ProxyError::Upstream {
-                    worker: target.url.clone(),
+                    worker: worker.id,
                     message,
                 });
             }
             Err(Failure::Timeout) => {
                 return Err(ProxyError::Timeout {
-                    worker: target.url.clone(),
+                    worker: worker.id,
                     secs: timeout_secs,
                 });
             }
         }
     }
+}
+
+/// Waits until `conn`'s buffer holds a body byte, unless the body is empty.
+async fn first_body_bytes(
+    conn: &mut Conn,
+    head: &ResponseHead,
+    deadline: Instant,
+) -> Result<(), Failure> {
+    if matches!(head.framing, Framing::Empty | Framing::Length(0)) {
+        return Ok(());
+    }
+    while conn.buffered().is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match monoio::time::timeout(left, conn.fill()).await {
+            Err(_) => return Err(Failure::Timeout),
+            Ok(Ok(0)) if head.framing == Framing::UntilClose => return Ok(()),
+            Ok(Ok(0)) => return Err(Failure::Protocol("connection closed before the body".into())),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(Failure::Protocol(e.to_string())),
+        }
+    }
+    Ok(())
 }
 
 enum Failure {

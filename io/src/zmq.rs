@@ -58,10 +58,21 @@ pub struct EventSource {
 
 /// Every publisher of `specs` (worker id = position): ranks `0..dp` on port + rank.
 pub fn sources(specs: &[WorkerSpec]) -> Vec<EventSource> {
+    specs
+        .iter()
+        .enumerate()
+        .flat_map(|(w, spec)| sources_of(w, spec))
+        .collect()
+}
+
+/// The publishers of worker `id` with `spec`: ranks `0..dp` on port + rank (none without
+/// `events`).
+pub fn sources_of(id: usize, spec: &WorkerSpec) -> Vec<EventSource> {
     let mut out = Vec::new();
-    for (w, spec) in specs.iter().enumerate() {
+    let w = id;
+    {
         let Some(events) = &spec.events else {
-            continue;
+            return out;
         };
         for rank in 0..spec.dp {
             let Some(ev) = WorkerSpec::rank_endpoint(events, rank) else {
@@ -92,12 +103,33 @@ fn zerr(e: ::zmq::Error) -> std::io::Error {
     std::io::Error::other(format!("zmq: {e}"))
 }
 
+/// A running subscription (one [`start`]): [`Subscription::cancel`] stops its threads
+/// within ~100 ms (bug-cases.md B35: a removed worker's engine is never contacted again).
+/// Dropping the handle does not stop it; the threads also end once the gateway's index is
+/// dropped.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    stop: Arc<AtomicBool>,
+}
+
+impl Subscription {
+    /// Stops the subscriber (its sockets close) and then the writer.
+    pub fn cancel(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// True once cancelled, or once its writer ended.
+    pub fn is_stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
 /// Starts the subscriber and writer threads for `sources`, applying to `index`.
 ///
 /// # Errors
 /// A socket cannot be created or configured, an endpoint is invalid, or a thread cannot be
 /// spawned. (An unreachable engine is not an error: libzmq keeps reconnecting.)
-pub fn start(sources: Vec<EventSource>, index: SharedEvents) -> std::io::Result<()> {
+pub fn start(sources: Vec<EventSource>, index: SharedEvents) -> std::io::Result<Subscription> {
     let ctx = ::zmq::Context::new();
     let mut subs = Vec::new();
     for s in &sources {
@@ -130,8 +162,12 @@ pub fn start(sources: Vec<EventSource>, index: SharedEvents) -> std::io::Result<
     }
     let (tx, rx) = crossbeam_channel::bounded::<Live>(CHANNEL_CAPACITY);
     let stop = Arc::new(AtomicBool::new(false));
+    let handle = Subscription { stop: stop.clone() };
     let sub_ctx = ctx.clone();
     let sub_stop = stop.clone();
+    // The writer holds the index weakly: it ends once the gateway drops it, however many
+    // subscriptions share it.
+    let index = Arc::downgrade(&index);
     std::thread::Builder::new()
         .name("kv-sub".into())
         .spawn(move || {
@@ -145,7 +181,7 @@ pub fn start(sources: Vec<EventSource>, index: SharedEvents) -> std::io::Result<
             write(rx, consumer, dealers, index);
             stop.store(true, Ordering::Relaxed);
         })?;
-    Ok(())
+    Ok(handle)
 }
 
 /// Polls every SUB socket; ends when the writer is gone.
@@ -189,19 +225,20 @@ fn subscribe(
     }
 }
 
-/// The index writer: ordering, replays, application. Ends when no router holds the index.
+/// The index writer: ordering, replays, application. Ends when the gateway dropped the index
+/// or the subscriber stopped.
 fn write(
     rx: crossbeam_channel::Receiver<Live>,
     mut consumer: Consumer,
     dealers: HashMap<StreamId, ::zmq::Socket>,
-    index: SharedEvents,
+    index: std::sync::Weak<Mutex<EventIndex>>,
 ) {
     let started = Instant::now();
     let mut last_prune = 0u64;
     loop {
-        if Arc::strong_count(&index) == 1 {
+        let Some(index) = index.upgrade() else {
             return;
-        }
+        };
         let now = started.elapsed().as_millis() as u64;
         {
             let mut ix = lock(&index);

@@ -2,8 +2,7 @@
 //! help and the tests read these constants. Each line gives the unit and where the number
 //! comes from ("seed doc" = the project's founding brief; SMG = anchors.md §2.3).
 
-use super::PolicyKind;
-use crate::policy::CacheIndexKind;
+use super::{CacheIndexKind, PolicyKind};
 
 /// Gateway listen address, `HOST:PORT`. Source: seed doc.
 pub const LISTEN: &str = "127.0.0.1:8000";
@@ -67,3 +66,80 @@ pub const TOKENIZE_CACHE_TOKENS: usize = kvroute_tokenize::incremental::DEFAULT_
 /// Event index: how often the writer applies `--kv-indexer-ttl-secs` and
 /// `--kv-indexer-max-entries`, ms. Source: SMG (prunes its indexes every 30 s, anchors §2.3).
 pub const KV_INDEXER_PRUNE_EVERY_MS: u64 = 30_000;
+
+// ---- Health, failover and limits (issue 13) ----
+
+/// Interval of active health checks (`GET /health` of every worker), s. SMG checks every 60 s
+/// (operations.md §1); 10 s is Kubernetes' default probe period, so a restarted worker is
+/// back in rotation within ~20 s (2 passed checks) instead of 2 min. Request failures open
+/// the breaker much sooner than that anyway.
+pub const HEALTH_CHECK_INTERVAL_SECS: u64 = 10;
+/// Time allowed for one health check (connect + answer), s. Source: SMG 5 s.
+pub const HEALTH_CHECK_TIMEOUT_SECS: u64 = 5;
+/// Failed checks in a row that make a worker unhealthy. Source: SMG 3.
+pub const HEALTH_FAILURE_THRESHOLD: u32 = 3;
+/// Passed checks in a row that make an unhealthy worker healthy again. Source: SMG 2.
+pub const HEALTH_SUCCESS_THRESHOLD: u32 = 2;
+/// Consecutive failed attempts that open a worker's circuit breaker.
+///
+/// Not SMG's 10: with prefix affinity a dead holder keeps being chosen (bug-cases.md B43), and
+/// every attempt on it costs a connect (up to `connect_timeout_ms`) before the retry; nginx
+/// takes a server out after 1 (`max_fails=1`). 3 in a row with no success between is rare for
+/// a live engine (a 503 burst while it restarts is what it should catch).
+pub const BREAKER_FAILURE_THRESHOLD: u32 = 3;
+/// Failures further apart than this do not add up, s. Source: SMG ("within 120 s").
+pub const BREAKER_WINDOW_SECS: u64 = 120;
+/// Time an open breaker keeps its worker out before half-open probes, s. Source: SMG 60 s. A
+/// worker that passes health checks again after being unhealthy closes its breaker at once.
+pub const BREAKER_OPEN_SECS: u64 = 60;
+/// Half-open successes that close the breaker. Source: SMG 3.
+pub const BREAKER_SUCCESS_THRESHOLD: u32 = 3;
+/// Retries of one request (attempts = 1 + this), each on a worker not tried yet for it.
+/// SMG allows 5; beyond 3 failed workers in a row the fleet is down rather than one worker,
+/// and more attempts only delay the client's error.
+pub const RETRY_MAX: u32 = 3;
+/// Wait before the first retry, ms. Source: SMG 50 ms.
+pub const RETRY_INITIAL_BACKOFF_MS: u64 = 50;
+/// Growth of the wait per retry. Source: SMG ×1.5.
+pub const RETRY_BACKOFF_MULTIPLIER: f64 = 1.5;
+/// Largest wait between retries, ms. SMG caps at 30 s; a retry here goes to *another* worker,
+/// so waiting for the failed one to recover buys nothing: 1 s.
+pub const RETRY_MAX_BACKOFF_MS: u64 = 1_000;
+/// Relative jitter of each wait, ±. Source: SMG ±0.2.
+pub const RETRY_JITTER: f64 = 0.2;
+/// Retries earned per request in the fleet-wide retry budget (Envoy's retry budget default is
+/// 20 % of active requests): retries add at most ~20 % load during an outage.
+pub const RETRY_BUDGET_RATIO: f64 = 0.2;
+/// Retries the budget may bank (so a quiet gateway can still retry a burst), retries.
+pub const RETRY_BUDGET_CAP: u32 = 100;
+/// No new attempt of a request starts later than this after it arrived, s: a retry past it
+/// would outlive most clients' own timeouts (the OpenAI SDK's is 600 s, curl has none).
+pub const RETRY_DEADLINE_SECS: u64 = 60;
+/// Time allowed for a worker's first response byte after the request was sent, s; over → the
+/// attempt fails (retried elsewhere, else 504). It must cover queueing plus the prefill of a
+/// long prompt: a 128k-token prompt prefills in ~25 s on one H100 for a 70B model
+/// (~5k tokens/s, engine-model.md §3's rates), several times that behind a queue. 120 s;
+/// a stopped engine is also caught by health checks within ~3 × the check interval.
+pub const FIRST_BYTE_TIMEOUT_SECS: u64 = 120;
+/// Mid-stream migrations of one generation to another worker; 0 = off. Source: Dynamo's
+/// `--migration-limit` default 0 (operations.md §2).
+pub const MIGRATION_LIMIT: u32 = 0;
+/// After SIGTERM/SIGINT, in-flight exchanges may finish for this long, s, then the process
+/// exits. Kubernetes kills a pod 30 s after SIGTERM by default (terminationGracePeriodSeconds),
+/// so a longer grace is cut there anyway. SMG uses 180 s.
+pub const SHUTDOWN_TIMEOUT_SECS: u64 = 30;
+/// Admin API listen address, `HOST:PORT` (loopback; no key is needed there). Source: seed doc.
+pub const ADMIN_LISTEN: &str = "127.0.0.1:8001";
+/// Time allowed for a client's request head, s (slowloris); over → 408. Source: nginx
+/// `client_header_timeout` 60 s.
+pub const CLIENT_HEADER_TIMEOUT_SECS: u64 = 60;
+/// Time allowed between two reads of a request body, s; over → 408. Source: nginx
+/// `client_body_timeout` 60 s.
+pub const CLIENT_BODY_TIMEOUT_SECS: u64 = 60;
+/// An idle client keep-alive connection closes after this, s. Source: nginx
+/// `keepalive_timeout` 75 s.
+pub const CLIENT_IDLE_TIMEOUT_SECS: u64 = 75;
+/// Client connections one shard serves at once; more are answered 503 and closed. Each
+/// streaming request holds one client and one worker connection; 4,096 per core stays well
+/// under the 1,048,576 open files a systemd service gets by default.
+pub const MAX_CONNECTIONS_PER_SHARD: usize = 4_096;

@@ -59,6 +59,27 @@ impl FromStr for PolicyKind {
     }
 }
 
+/// Which approximate index cache_aware uses (`--cache-index`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheIndexKind {
+    /// String tree for text, token tree for token ids (SMG default).
+    Tree,
+    /// TTL'd exact-match heads at `cache_boundaries` (token requests only; text → miss).
+    Hash,
+}
+
+/// How log lines are written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines (`tracing-subscriber`'s default format), colour only on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
 /// Settings of `kvroute serve`. TOML keys are the field names; flags are the same names with
 /// `-`. Every field defaults to its constant in [`defaults`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,7 +107,7 @@ pub struct Config {
     /// Token tree page / block size, tokens ([`defaults::BLOCK_SIZE`]).
     pub block_size: usize,
     /// cache_aware index: `tree` or `hash` ([`defaults::CACHE_INDEX`]).
-    pub cache_index: crate::policy::CacheIndexKind,
+    pub cache_index: CacheIndexKind,
     /// Hash index head lengths, tokens, strictly ascending; required in hash mode (empty).
     pub cache_boundaries: Vec<usize>,
     /// Hash index holder lifetime, s ([`defaults::CACHE_TTL_SECS`]).
@@ -115,6 +136,67 @@ pub struct Config {
     pub connect_timeout_ms: u64,
     /// Engine load reports every this many ms, 0 = off ([`defaults::LOAD_POLL_MS`]).
     pub load_poll_ms: u64,
+    /// Active health checks every this many s, 0 = off
+    /// ([`defaults::HEALTH_CHECK_INTERVAL_SECS`]).
+    pub health_check_interval_secs: u64,
+    /// Time allowed per health check, s ([`defaults::HEALTH_CHECK_TIMEOUT_SECS`]).
+    pub health_check_timeout_secs: u64,
+    /// Failed checks in a row → unhealthy ([`defaults::HEALTH_FAILURE_THRESHOLD`]).
+    pub health_failure_threshold: u32,
+    /// Passed checks in a row → healthy ([`defaults::HEALTH_SUCCESS_THRESHOLD`]).
+    pub health_success_threshold: u32,
+    /// Consecutive failures that open a breaker ([`defaults::BREAKER_FAILURE_THRESHOLD`]).
+    pub breaker_failure_threshold: u32,
+    /// Failures further apart do not add up, s ([`defaults::BREAKER_WINDOW_SECS`]).
+    pub breaker_window_secs: u64,
+    /// An open breaker's time out, s ([`defaults::BREAKER_OPEN_SECS`]).
+    pub breaker_open_secs: u64,
+    /// Half-open successes that close it ([`defaults::BREAKER_SUCCESS_THRESHOLD`]).
+    pub breaker_success_threshold: u32,
+    /// Retries per request, 0 = none ([`defaults::RETRY_MAX`]).
+    pub retry_max: u32,
+    /// First retry wait, ms ([`defaults::RETRY_INITIAL_BACKOFF_MS`]).
+    pub retry_initial_backoff_ms: u64,
+    /// Wait growth per retry, ≥ 1 ([`defaults::RETRY_BACKOFF_MULTIPLIER`]).
+    pub retry_backoff_multiplier: f64,
+    /// Largest retry wait, ms ([`defaults::RETRY_MAX_BACKOFF_MS`]).
+    pub retry_max_backoff_ms: u64,
+    /// Relative jitter of retry waits, [0, 1) ([`defaults::RETRY_JITTER`]).
+    pub retry_jitter: f64,
+    /// Retries earned per request, fleet-wide ([`defaults::RETRY_BUDGET_RATIO`]).
+    pub retry_budget_ratio: f64,
+    /// Retries the budget may bank ([`defaults::RETRY_BUDGET_CAP`]).
+    pub retry_budget_cap: u32,
+    /// No attempt starts later than this after arrival, s ([`defaults::RETRY_DEADLINE_SECS`]).
+    pub retry_deadline_secs: u64,
+    /// Time for a worker's first response byte, s ([`defaults::FIRST_BYTE_TIMEOUT_SECS`]).
+    pub first_byte_timeout_secs: u64,
+    /// Mid-stream migrations per request, 0 = off ([`defaults::MIGRATION_LIMIT`]).
+    pub migration_limit: u32,
+    /// Grace for in-flight exchanges after SIGTERM, s ([`defaults::SHUTDOWN_TIMEOUT_SECS`]).
+    pub shutdown_timeout_secs: u64,
+    /// Admin API address; empty = no admin API ([`defaults::ADMIN_LISTEN`]).
+    pub admin_listen: String,
+    /// Bearer key of the admin API; required unless `admin_listen` is loopback.
+    pub admin_api_key: Option<String>,
+    /// Client API keys accepted on the traffic port (`Authorization: Bearer KEY`); empty =
+    /// no authentication.
+    pub api_keys: Vec<String>,
+    /// A file of client API keys, one per line (`#` comments), added to `api_keys`.
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// Report the worker's URL (not only its id) in `x-kvroute-worker-url`.
+    pub expose_worker_url: bool,
+    /// Time for a client's request head, s ([`defaults::CLIENT_HEADER_TIMEOUT_SECS`]).
+    pub client_header_timeout_secs: u64,
+    /// Time between reads of a request body, s ([`defaults::CLIENT_BODY_TIMEOUT_SECS`]).
+    pub client_body_timeout_secs: u64,
+    /// Idle keep-alive client connections close after this, s
+    /// ([`defaults::CLIENT_IDLE_TIMEOUT_SECS`]).
+    pub client_idle_timeout_secs: u64,
+    /// Client connections per shard ([`defaults::MAX_CONNECTIONS_PER_SHARD`]).
+    pub max_connections_per_shard: usize,
+    /// Log line format (text by default).
+    pub log_format: LogFormat,
 }
 
 impl Default for Config {
@@ -143,6 +225,35 @@ impl Default for Config {
             upstream_idle_timeout_ms: defaults::UPSTREAM_IDLE_TIMEOUT_MS,
             connect_timeout_ms: defaults::CONNECT_TIMEOUT_MS,
             load_poll_ms: defaults::LOAD_POLL_MS,
+            health_check_interval_secs: defaults::HEALTH_CHECK_INTERVAL_SECS,
+            health_check_timeout_secs: defaults::HEALTH_CHECK_TIMEOUT_SECS,
+            health_failure_threshold: defaults::HEALTH_FAILURE_THRESHOLD,
+            health_success_threshold: defaults::HEALTH_SUCCESS_THRESHOLD,
+            breaker_failure_threshold: defaults::BREAKER_FAILURE_THRESHOLD,
+            breaker_window_secs: defaults::BREAKER_WINDOW_SECS,
+            breaker_open_secs: defaults::BREAKER_OPEN_SECS,
+            breaker_success_threshold: defaults::BREAKER_SUCCESS_THRESHOLD,
+            retry_max: defaults::RETRY_MAX,
+            retry_initial_backoff_ms: defaults::RETRY_INITIAL_BACKOFF_MS,
+            retry_backoff_multiplier: defaults::RETRY_BACKOFF_MULTIPLIER,
+            retry_max_backoff_ms: defaults::RETRY_MAX_BACKOFF_MS,
+            retry_jitter: defaults::RETRY_JITTER,
+            retry_budget_ratio: defaults::RETRY_BUDGET_RATIO,
+            retry_budget_cap: defaults::RETRY_BUDGET_CAP,
+            retry_deadline_secs: defaults::RETRY_DEADLINE_SECS,
+            first_byte_timeout_secs: defaults::FIRST_BYTE_TIMEOUT_SECS,
+            migration_limit: defaults::MIGRATION_LIMIT,
+            shutdown_timeout_secs: defaults::SHUTDOWN_TIMEOUT_SECS,
+            admin_listen: defaults::ADMIN_LISTEN.to_string(),
+            admin_api_key: None,
+            api_keys: Vec::new(),
+            api_key_file: None,
+            expose_worker_url: false,
+            client_header_timeout_secs: defaults::CLIENT_HEADER_TIMEOUT_SECS,
+            client_body_timeout_secs: defaults::CLIENT_BODY_TIMEOUT_SECS,
+            client_idle_timeout_secs: defaults::CLIENT_IDLE_TIMEOUT_SECS,
+            max_connections_per_shard: defaults::MAX_CONNECTIONS_PER_SHARD,
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -200,7 +311,49 @@ impl Config {
                 "a finite number >= 1",
             );
         }
+        if !(self.retry_backoff_multiplier.is_finite() && self.retry_backoff_multiplier >= 1.0) {
+            return bad(
+                "retry_backoff_multiplier",
+                self.retry_backoff_multiplier,
+                "a finite number >= 1",
+            );
+        }
+        if !(0.0..1.0).contains(&self.retry_jitter) {
+            return bad("retry_jitter", self.retry_jitter, "in [0, 1)");
+        }
+        if !(self.retry_budget_ratio.is_finite() && self.retry_budget_ratio >= 0.0) {
+            return bad(
+                "retry_budget_ratio",
+                self.retry_budget_ratio,
+                "a finite number >= 0",
+            );
+        }
         for (field, value) in [
+            ("health_check_timeout_secs", self.health_check_timeout_secs),
+            (
+                "health_failure_threshold",
+                u64::from(self.health_failure_threshold),
+            ),
+            (
+                "health_success_threshold",
+                u64::from(self.health_success_threshold),
+            ),
+            (
+                "breaker_failure_threshold",
+                u64::from(self.breaker_failure_threshold),
+            ),
+            (
+                "breaker_success_threshold",
+                u64::from(self.breaker_success_threshold),
+            ),
+            ("first_byte_timeout_secs", self.first_byte_timeout_secs),
+            ("client_header_timeout_secs", self.client_header_timeout_secs),
+            ("client_body_timeout_secs", self.client_body_timeout_secs),
+            ("client_idle_timeout_secs", self.client_idle_timeout_secs),
+            (
+                "max_connections_per_shard",
+                self.max_connections_per_shard as u64,
+            ),
             ("max_tree_size_chars", self.max_tree_size_chars as u64),
             ("max_tree_size_tokens", self.max_tree_size_tokens as u64),
             ("block_size", self.block_size as u64),
@@ -214,8 +367,16 @@ impl Config {
                 return bad(field, 0.0, "greater than 0");
             }
         }
+        if !self.admin_listen.is_empty()
+            && self.admin_api_key.as_deref().is_none_or(str::is_empty)
+            && !is_loopback(&self.admin_listen)
+        {
+            return Err(CoreError::AdminKeyRequired {
+                listen: self.admin_listen.clone(),
+            });
+        }
         let b = &self.cache_boundaries;
-        if self.cache_index == crate::policy::CacheIndexKind::Hash
+        if self.cache_index == CacheIndexKind::Hash
             && (b.is_empty() || b[0] == 0 || !b.windows(2).all(|w| w[0] < w[1]))
         {
             return bad(
@@ -228,8 +389,20 @@ impl Config {
     }
 }
 
+/// True when `listen` (`HOST:PORT`) names a loopback address (`127.0.0.0/8`, `::1`,
+/// `localhost`).
+pub fn is_loopback(listen: &str) -> bool {
+    match listen.parse::<std::net::SocketAddr>() {
+        Ok(a) => a.ip().is_loopback(),
+        Err(_) => listen
+            .rsplit_once(':')
+            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost")),
+    }
+}
+
 /// A worker as given by `--worker` or `workers = [..]`:
-/// `http://h:8000;events=tcp://h:5557;replay=tcp://h:5558;dp=2` (issue 5). Options after the
+/// `http://h:8000;events=tcp://h:5557;replay=tcp://h:5558;dp=2;model=qwen3;api_key_env=KEY`
+/// (issues 5 and 13). Options after the
 /// URL are `;key=value`; DP rank r publishes on the events (and replay) port + r
 /// (`kv-events.md` §1).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -242,6 +415,12 @@ pub struct WorkerSpec {
     pub replay: Option<String>,
     /// Data-parallel ranks (≥ 1).
     pub dp: u32,
+    /// Models the worker serves (`;model=NAME`, repeatable). Empty: read from the worker's
+    /// `/v1/models` at start-up and on every health check.
+    pub models: Vec<String>,
+    /// Environment variable holding the worker's own API key (`;api_key_env=VAR`): sent as
+    /// `Authorization: Bearer KEY` instead of the client's header.
+    pub api_key_env: Option<String>,
 }
 
 impl WorkerSpec {
@@ -254,12 +433,12 @@ impl WorkerSpec {
     }
 }
 
-/// Parses a worker spec `URL[;events=EP][;replay=EP][;dp=N]`.
+/// Parses a worker spec `URL[;events=EP][;replay=EP][;dp=N][;model=NAME]...[;api_key_env=VAR]`.
 ///
 /// # Errors
 /// [`CoreError::BadWorkerUrl`]: a bad URL (see [`parse_worker_url`]), an unknown option, an
-/// endpoint that is not `tcp://host:port`, `dp` not an integer 1–1024, or `replay` without
-/// `events`.
+/// endpoint that is not `tcp://host:port`, `dp` not an integer 1–1024, `replay` without
+/// `events`, an empty `model` or an `api_key_env` that is not a variable name.
 pub fn parse_worker_spec(spec: &str) -> Result<WorkerSpec, CoreError> {
     let bad = |problem| CoreError::BadWorkerUrl {
         url: spec.to_string(),
@@ -272,6 +451,8 @@ pub fn parse_worker_spec(spec: &str) -> Result<WorkerSpec, CoreError> {
         events: None,
         replay: None,
         dp: 1,
+        models: Vec::new(),
+        api_key_env: None,
     };
     for opt in parts.map(str::trim).filter(|p| !p.is_empty()) {
         let (k, v) = opt
@@ -299,7 +480,24 @@ pub fn parse_worker_spec(spec: &str) -> Result<WorkerSpec, CoreError> {
                     .filter(|d| (1..=1024).contains(d))
                     .ok_or_else(|| bad("dp must be an integer 1-1024"))?
             }
-            _ => return Err(bad("unknown option (expected events, replay, dp)")),
+            "model" if !v.trim().is_empty() => out.models.push(v.trim().to_string()),
+            "model" => return Err(bad("model must not be empty")),
+            "api_key_env" => {
+                let var = v.trim();
+                if var.is_empty()
+                    || !var
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                {
+                    return Err(bad("api_key_env must be an environment variable name"));
+                }
+                out.api_key_env = Some(var.to_string());
+            }
+            _ => {
+                return Err(bad(
+                    "unknown option (expected events, replay, dp, model, api_key_env)",
+                ));
+            }
         }
     }
     if out.replay.is_some() && out.events.is_none() {
@@ -531,7 +729,9 @@ mod tests {
                 url: "http://h:8000".into(),
                 events: Some("tcp://h:5557".into()),
                 replay: Some("tcp://h:5558".into()),
-                dp: 2
+                dp: 2,
+                models: vec![],
+                api_key_env: None,
             }
         );
         assert_eq!(
@@ -572,5 +772,68 @@ mod tests {
             PolicyKind::LeastRequest
         );
         assert!("random".parse::<PolicyKind>().is_err());
+    }
+
+    #[test]
+    fn worker_spec_models_and_key_variable() {
+        let s = parse_worker_spec("http://h:1;model=a;model=b;api_key_env=W_KEY").unwrap();
+        assert_eq!(s.models, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(s.api_key_env.as_deref(), Some("W_KEY"));
+        assert!(parse_worker_spec("http://h:1;model=").is_err());
+        assert!(parse_worker_spec("http://h:1;api_key_env=A-B").is_err());
+        assert!(parse_worker_spec("http://h:1;colour=red").is_err());
+    }
+
+    /// The admin API needs a key beyond loopback; the failover settings are range-checked.
+    #[test]
+    fn admin_key_and_failover_values() {
+        let with = |f: fn(&mut Config)| {
+            let mut c = Config {
+                workers: vec!["http://a:1".into()],
+                ..Config::default()
+            };
+            f(&mut c);
+            c.validate()
+        };
+        assert!(with(|_| {}).is_ok(), "default admin_listen is loopback");
+        assert!(matches!(
+            with(|c| c.admin_listen = "0.0.0.0:8001".into()),
+            Err(CoreError::AdminKeyRequired { .. })
+        ));
+        assert!(
+            with(|c| {
+                c.admin_listen = "0.0.0.0:8001".into();
+                c.admin_api_key = Some("k".into());
+            })
+            .is_ok()
+        );
+        assert!(with(|c| c.admin_listen = String::new()).is_ok());
+        assert!(with(|c| c.admin_listen = "localhost:9".into()).is_ok());
+        assert!(with(|c| c.admin_listen = "[::1]:9".into()).is_ok());
+        for (f, field) in [
+            (
+                (|c: &mut Config| c.retry_jitter = 1.0) as fn(&mut Config),
+                "retry_jitter",
+            ),
+            (|c| c.retry_backoff_multiplier = 0.5, "retry_backoff_multiplier"),
+            (|c| c.first_byte_timeout_secs = 0, "first_byte_timeout_secs"),
+            (|c| c.breaker_failure_threshold = 0, "breaker_failure_threshold"),
+            (|c| c.max_connections_per_shard = 0, "max_connections_per_shard"),
+        ] {
+            match with(f) {
+                Err(CoreError::ConfigValue { field: got, .. }) => assert_eq!(got, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        // TOML spells them as the flags do.
+        let cfg = Config::from_toml_str(
+            "retry_max = 1\nmigration_limit = 2\nlog_format = \"json\"\napi_keys = [\"k\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (cfg.retry_max, cfg.migration_limit, cfg.log_format),
+            (1, 2, LogFormat::Json)
+        );
+        assert_eq!(cfg.api_keys, vec!["k".to_string()]);
     }
 }

@@ -534,14 +534,14 @@ fn unannounced_prefix_follows_the_routers_recent_decision_until_events_arrive() 
         input_ids: Some(toks(0..128)),
         ..RouteKey::default()
     };
-    let first = router.decide(&key, &[0, 0, 0, 0]);
+    let first = router.decide_all(&key, &[0, 0, 0, 0]);
     assert_eq!(first.reason, Reason::CacheMiss);
     let w = first.worker;
     // The first request is in flight on `w` (load 1); the engine has not announced it.
     let mut loads = [0, 0, 0, 0];
     loads[w] = 1;
     for _ in 0..20 {
-        let d = router.decide(&key, &loads);
+        let d = router.decide_all(&key, &loads);
         assert_eq!(d.worker, w, "follower scattered: {d:?}");
         assert!(matches!(d.reason, Reason::TokenHit { .. }), "{d:?}");
     }
@@ -554,7 +554,7 @@ fn unannounced_prefix_follows_the_routers_recent_decision_until_events_arrive() 
         vec![store(&hashes, None, &t, 16)],
         0,
     );
-    let d = router.decide(&key, &loads);
+    let d = router.decide_all(&key, &loads);
     assert_eq!(d.worker, 3, "{d:?}");
     assert!(
         matches!(
@@ -606,12 +606,12 @@ fn b11_a_spill_keeps_the_longest_prefix_among_the_near_least_loaded() {
     // ≈ 27.4: both deep holders are hot.
     let near = SPILL_NEAR_LOAD;
     let loads = [30, 1 + near, 40, 1];
-    let d = router.decide(&key, &loads);
+    let d = router.decide_all(&key, &loads);
     assert_eq!(d.reason, Reason::Spill, "{d:?}");
     assert_eq!(d.worker, 1, "the 2-block holder within the margin: {d:?}");
     // One request more on worker 1 puts it outside the margin: the least loaded wins.
     let loads = [30, 2 + near, 40, 1];
-    let d = router.decide(&key, &loads);
+    let d = router.decide_all(&key, &loads);
     assert_eq!((d.worker, d.reason), (3, Reason::Spill), "{d:?}");
 }
 

@@ -1,5 +1,13 @@
-//! [`Router`]: picks a worker for a request from its [`RouteKey`] and a snapshot of worker
-//! loads. No sockets, no clocks; randomness only breaks ties.
+//! [`Router`]: picks a worker for a request from its [`RouteKey`] and a [`Snapshot`] of the
+//! eligible workers and their loads. No sockets, no clocks; randomness only breaks ties.
+//!
+//! Two steps, as the request lifecycle has them (style.md "One request"):
+//! - [`Router::decide`] is read-only: it matches the indexes and picks among
+//!   `snapshot.eligible` only, and writes nothing, so a failed attempt can decide again with
+//!   the failed worker vetoed and leave no trace;
+//! - [`Router::record`] runs once the request is committed to its worker (the gateway: when
+//!   the worker's response head arrives; the simulator: when it dispatches), and writes the
+//!   chosen worker into the approximate indexes.
 //!
 //! cache_aware keeps, per model, a [`StringTree`] (text requests), a [`TokenTree`] (requests
 //! with token ids, whole pages of `block_size`) and in hash mode a [`HashIndex`], each inside a
@@ -14,21 +22,12 @@ use kvroute_index::{
     HashIndex, HashIndexConfig, LeftRight, Namespace, StringTree, TenantId, TokenTree,
 };
 use rand::Rng;
-use serde::{Deserialize, Serialize};
+
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-/// Which approximate index cache_aware uses (`--cache-index`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CacheIndexKind {
-    /// String tree for text, token tree for token ids (SMG default).
-    Tree,
-    /// TTL'd exact-match heads at `cache_boundaries` (token requests only; text → miss).
-    Hash,
-}
+pub use crate::config::CacheIndexKind;
 
 /// Why a worker was chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -100,12 +99,14 @@ pub struct SpillGate {
 }
 
 impl SpillGate {
-    /// Gate for `loads` (all workers eligible).
-    pub fn new(loads: &[usize], rel: f64, abs: usize) -> Self {
-        let mean = if loads.is_empty() {
+    /// Gate for the loads of `eligible` (worker ids into `loads`): the mean is over eligible
+    /// workers only, so a dead or draining worker at load 0 does not make the live ones look
+    /// hot (bug-cases.md B5).
+    pub fn new(loads: &[usize], eligible: &[usize], rel: f64, abs: usize) -> Self {
+        let mean = if eligible.is_empty() {
             0.0
         } else {
-            loads.iter().sum::<usize>() as f64 / loads.len() as f64
+            eligible.iter().map(|&w| loads[w]).sum::<usize>() as f64 / eligible.len() as f64
         };
         Self {
             threshold: (rel * mean).max(mean + abs as f64),
@@ -127,22 +128,56 @@ impl SpillGate {
 /// only; the trees use it too, from [`kvroute_index::StringTree::match_depths`]).
 pub const SPILL_NEAR_LOAD: usize = 1;
 
-/// Where a spill goes (bug-cases.md B11): among workers at most [`SPILL_NEAR_LOAD`] above the
-/// least load, the one holding the longest prefix of the request (`depth(worker)`, in any
-/// unit: blocks, tokens, chars), ties to the least loaded, at random. Not a hot worker while
-/// the spill margin (`balance_abs_threshold`) is at least [`SPILL_NEAR_LOAD`]: hot needs a
-/// load above the mean + the margin, and the mean is at least the least load. `loads` must not
-/// be empty.
-fn spill_target(loads: &[usize], depth: impl Fn(usize) -> usize, rng: &mut impl Rng) -> usize {
-    let min = loads.iter().copied().min().unwrap_or(0);
+/// Where a spill goes (bug-cases.md B11): among eligible workers at most [`SPILL_NEAR_LOAD`]
+/// above the least eligible load, the one holding the longest prefix of the request
+/// (`depth(worker)`, in any unit: blocks, tokens, chars), ties to the least loaded, at random.
+/// Not a hot worker while the spill margin (`balance_abs_threshold`) is at least
+/// [`SPILL_NEAR_LOAD`]: hot needs a load above the mean + the margin, and the mean is at least
+/// the least load. `snap.eligible` must not be empty.
+fn spill_target(snap: &Snapshot<'_>, depth: impl Fn(usize) -> usize, rng: &mut impl Rng) -> usize {
+    let loads = snap.loads;
+    let min = snap.eligible.iter().map(|&w| loads[w]).min().unwrap_or(0);
     let near = |w: &usize| loads[*w] <= min + SPILL_NEAR_LOAD;
-    let best = (0..loads.len()).filter(near).map(&depth).max();
+    let best = snap.eligible.iter().copied().filter(near).map(&depth).max();
     least_loaded(
         loads,
-        (0..loads.len()).filter(|w| near(w) && Some(depth(*w)) == best),
+        snap.eligible
+            .iter()
+            .copied()
+            .filter(|w| near(w) && Some(depth(*w)) == best),
         rng,
     )
-    .unwrap_or(0)
+    .unwrap_or(snap.eligible[0])
+}
+
+/// What a policy may read (issue 13's policy seam): the loads of every worker, the eligible
+/// ones, the request's sequence number and the time. Made by the caller (the gateway from its
+/// registry, `kvroute_core::workers::Workers::snapshot`; the simulator from its fleet); a
+/// policy never looks past it.
+#[derive(Debug, Clone, Copy)]
+pub struct Snapshot<'a> {
+    /// Load by worker id (requests in flight + foreign), one entry per worker slot.
+    pub loads: &'a [usize],
+    /// Ids the request may go to (healthy, breaker not open, serving its model, not draining,
+    /// not vetoed by an earlier attempt), ascending; every id `< loads.len()`. Must not be
+    /// empty (the caller answers 503 instead of deciding).
+    pub eligible: &'a [usize],
+    /// The request's sequence number: round_robin's turn (`eligible[seq % len]`), so the
+    /// policy keeps no counter of its own.
+    pub seq: u64,
+    /// Time on the router's time base ([`Router::now_ms`]), for the hash index's TTL.
+    pub now_ms: u64,
+}
+
+impl<'a> Snapshot<'a> {
+    /// True when `w` is eligible.
+    pub fn is_eligible(&self, w: usize) -> bool {
+        self.eligible.binary_search(&w).is_ok()
+    }
+
+    fn least_loaded(&self, rng: &mut impl Rng) -> usize {
+        least_loaded(self.loads, self.eligible.iter().copied(), rng).unwrap_or(self.eligible[0])
+    }
 }
 
 /// The least-loaded of `candidates` (worker ids), ties broken uniformly at random — never by
@@ -239,7 +274,6 @@ pub struct Router {
     cache_index: CacheIndexKind,
     hash_cfg: HashIndexConfig,
     started: Instant,
-    next: AtomicUsize,
     models: LeftRight<HashMap<String, Arc<ModelIndexes>>, (String, Arc<ModelIndexes>)>,
     /// Lock-free read side of the engine KV-event index (issue 5), written only by `io`'s
     /// event writer.
@@ -267,7 +301,6 @@ impl Router {
                 ttl_ms: cfg.cache_ttl_secs.saturating_mul(1000),
             },
             started: Instant::now(),
-            next: AtomicUsize::new(0),
             models: LeftRight::new(HashMap::new(), add_model),
             events: None,
         }
@@ -281,23 +314,24 @@ impl Router {
     }
 
     /// cache_aware on engine events (issue 5 item 5): `None` when no event index is attached
-    /// or it holds nothing (then the token tree decides). Workers holding more than
+    /// or it holds nothing (then the token tree decides). Eligible workers holding more than
     /// `cache_threshold` of the request in consecutive leading blocks are candidates; among the
     /// non-hot ones the deepest overlap wins, ties by load (`TokenHit`); all candidates hot →
-    /// `Spill` to the deepest holder among workers within [`SPILL_NEAR_LOAD`] of the least
-    /// load (B11); none → `None` as well: the token tree decides (requests in flight that no
-    /// engine has announced yet), else `CacheMiss`. Reads only: nothing the router decides is
-    /// written into the event index.
+    /// `Spill` to the deepest holder among eligible workers within [`SPILL_NEAR_LOAD`] of the
+    /// least load (B11); none → `None` as well: the token tree decides (requests in flight
+    /// that no engine has announced yet), else `CacheMiss`. Reads only.
     fn decide_on_events(
         &self,
+        snap: &Snapshot<'_>,
         ids: &[u32],
-        loads: &[usize],
+        gate: &SpillGate,
         rng: &mut impl Rng,
     ) -> Option<Decision> {
         let ix = self.events.as_ref()?;
         if ix.is_empty() {
             return None;
         }
+        let loads = snap.loads;
         let bs = ix.block_size();
         let keys = kvroute_index::keys::block_keys(ids, bs);
         let mut blocks = vec![0usize; loads.len()];
@@ -306,23 +340,19 @@ impl Router {
                 *b = (*b).max(m.blocks);
             }
         }
-        let gate = SpillGate::new(
-            loads,
-            self.balance_rel_threshold,
-            self.balance_abs_threshold,
-        );
         // As in cache_aware: a match of at most `cache_threshold` of the request is a miss.
         let deep = |b: usize| (b * bs) as f64 / ids.len().max(1) as f64 > self.cache_threshold;
+        let eligible = || snap.eligible.iter().copied();
         let cool = |w: &usize| deep(blocks[*w]) && !gate.is_hot(loads[*w]);
-        let top = (0..loads.len()).filter(cool).map(|w| blocks[w]).max();
+        let top = eligible().filter(cool).map(|w| blocks[w]).max();
         Some(match top {
             Some(t) => {
                 let worker = least_loaded(
                     loads,
-                    (0..loads.len()).filter(|w| cool(w) && blocks[*w] == t),
+                    eligible().filter(|w| cool(w) && blocks[*w] == t),
                     rng,
                 )
-                .unwrap_or(0);
+                .unwrap_or(snap.eligible[0]);
                 Decision {
                     worker,
                     reason: Reason::TokenHit {
@@ -331,9 +361,9 @@ impl Router {
                     },
                 }
             }
-            // Every deep holder is hot: B11's spill target.
-            None if blocks.iter().any(|&b| deep(b)) => Decision {
-                worker: spill_target(loads, |w| blocks[w], rng),
+            // Every deep eligible holder is hot: B11's spill target.
+            None if eligible().any(|w| deep(blocks[w])) => Decision {
+                worker: spill_target(snap, |w| blocks[w], rng),
                 reason: Reason::Spill,
             },
             // No engine holds enough of the prompt *yet*: engines announce blocks only once
@@ -350,11 +380,16 @@ impl Router {
         self.kind
     }
 
+    /// The indexes of `model`, if any request for it was recorded (decisions only read).
+    fn existing_model(&self, model: &str) -> Option<Arc<ModelIndexes>> {
+        self.models.read().get(model).map(Arc::clone)
+    }
+
     /// The indexes of `model`, created on first use (the only path that may wait: for the
-    /// writer side of the model map, once per model).
+    /// writer side of the model map, once per model). Called by [`Router::record`] only.
     fn model(&self, model: &str) -> Arc<ModelIndexes> {
-        if let Some(m) = self.models.read().get(model) {
-            return Arc::clone(m);
+        if let Some(m) = self.existing_model(model) {
+            return m;
         }
         let hash = match self.cache_index {
             CacheIndexKind::Hash => HashIndex::new(self.hash_cfg.clone())
@@ -375,111 +410,89 @@ impl Router {
         });
         self.models.write((model.to_string(), fresh));
         loop {
-            if let Some(m) = self.models.read().get(model) {
-                return Arc::clone(m);
+            if let Some(m) = self.existing_model(model) {
+                return m;
             }
             self.models.flush();
             std::thread::yield_now();
         }
     }
 
-    /// Chooses a worker for `key` given `loads` (in-flight requests per worker id, one entry
-    /// per worker; all workers are eligible). Randomness only breaks ties; only hash mode
-    /// reads a (monotonic) clock, for its TTL.
-    ///
-    /// - round_robin: workers in turn (one shared counter). Reason `RoundRobin`.
-    /// - least_request: fewest in flight, ties uniformly at random, never by list order (bug
-    ///   B1). Reason `LeastRequest`.
-    /// - cache_aware (SMG, anchors §2.2 steps 3, 5, 6, 7): requests with token ids use the
-    ///   model's token tree (ratio = whole matched pages × block_size / request tokens; shorter
-    ///   than a page never matches) or, in hash mode, the deepest live hash head; text requests
-    ///   use the string tree (ratio = matched chars / request chars; text in hash mode is a
-    ///   miss). If ratio > `cache_threshold` the candidates are the deepest matched node's
-    ///   tenants (at most 8); the least-loaded non-hot one wins (`CacheHit` / `TokenHit`).
-    ///   Hot = load > `rel × mean` and load > `mean + abs` ([`SpillGate`]). All candidates hot →
-    ///   the least-loaded worker (`Spill`). Otherwise → the least-loaded worker (`CacheMiss`).
-    ///   Then the request is recorded for the chosen worker (a spill target becomes one more
-    ///   holder); each tree keeps itself within its budget at every insert. A request with
-    ///   neither text nor ids is a miss and is not recorded. Indexes are matched and written
-    ///   under `key.namespace` (cache partition).
-    ///
-    /// The hash index's TTL needs a time: this reads the router's own clock. Callers that own
-    /// a clock (the gateway, a simulator) call [`Router::decide_at`] instead.
-    ///
-    /// # Panics
-    /// When `loads` is empty.
-    pub fn decide(&self, key: &RouteKey, loads: &[usize]) -> Decision {
-        self.decide_at(key, loads, self.now_ms())
-    }
-
-    /// Milliseconds since the router was made: the time base of [`Router::decide_at`].
+    /// Milliseconds since the router was made: the time base of [`Snapshot::now_ms`].
     pub fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// [`Router::decide`] at `now_ms` (ms on the [`Router::now_ms`] time base): a function of
-    /// the request, the loads snapshot, the time given and the router's indexes; no clock is
-    /// read.
+    /// Chooses a worker among `snap.eligible` for `key`. Read-only: nothing is written into
+    /// any index (that is [`Router::record`]'s job, once the request is committed), so an
+    /// attempt that fails can decide again with its worker vetoed. Randomness only breaks
+    /// load ties: with a seeded `rng` the same request, snapshot and index state give the
+    /// same decision (the simulator, `kvroute_bench::sim`).
+    ///
+    /// - round_robin: `eligible[seq % eligible.len()]`. Reason `RoundRobin`.
+    /// - least_request: fewest in flight, ties uniformly at random, never by list order (bug
+    ///   B1). Reason `LeastRequest`.
+    /// - cache_aware (SMG, anchors §2.2 steps 3, 5, 6, 7): requests with token ids use the
+    ///   model's event index when it holds blocks (see `decide_on_events`), else the token
+    ///   tree (ratio = whole matched pages × block_size / request tokens; shorter than a page
+    ///   never matches) or, in hash mode, the deepest live hash head; text requests use the
+    ///   string tree (ratio = matched chars / request chars; text in hash mode is a miss). If
+    ///   ratio > `cache_threshold` the candidates are the eligible tenants of the deepest
+    ///   matched node (at most 8); the least-loaded non-hot one wins (`CacheHit` /
+    ///   `TokenHit`). Hot = load > `rel × mean` and load > `mean + abs`, mean over eligible
+    ///   workers ([`SpillGate`], B5). All candidates hot → B11's spill target (`Spill`).
+    ///   Otherwise → the least-loaded eligible worker (`CacheMiss`). A request with neither
+    ///   text nor ids is a miss. Indexes are matched under `key.namespace` (cache partition).
     ///
     /// # Panics
-    /// When `loads` is empty.
-    pub fn decide_at(&self, key: &RouteKey, loads: &[usize], now_ms: u64) -> Decision {
-        self.decide_with(key, loads, now_ms, &mut rand::rng())
-    }
-
-    /// [`Router::decide_at`] with its load ties broken by draws from `rng`: with a seeded
-    /// `rng` and single-threaded calls, the same requests, loads and times give the same
-    /// decisions (the discrete-event simulator, `kvroute_bench::sim`).
-    ///
-    /// # Panics
-    /// When `loads` is empty.
-    pub fn decide_with(
-        &self,
-        key: &RouteKey,
-        loads: &[usize],
-        now_ms: u64,
-        rng: &mut impl Rng,
-    ) -> Decision {
-        assert!(!loads.is_empty(), "decide needs at least one worker");
-        let all = 0..loads.len();
+    /// When `snap.eligible` is empty or names an id `>= snap.loads.len()`.
+    pub fn decide(&self, snap: &Snapshot<'_>, key: &RouteKey, rng: &mut impl Rng) -> Decision {
+        assert!(!snap.eligible.is_empty(), "decide needs an eligible worker");
         match self.kind {
             PolicyKind::RoundRobin => Decision {
-                worker: self.next.fetch_add(1, Ordering::Relaxed) % loads.len(),
+                worker: snap.eligible[(snap.seq % snap.eligible.len() as u64) as usize],
                 reason: Reason::RoundRobin,
             },
             PolicyKind::LeastRequest => Decision {
-                worker: least_loaded(loads, all, rng).unwrap_or(0),
+                worker: snap.least_loaded(rng),
                 reason: Reason::LeastRequest,
             },
-            PolicyKind::CacheAware => self.decide_cache_aware(key, loads, now_ms, rng),
+            PolicyKind::CacheAware => self.decide_cache_aware(snap, key, rng),
         }
     }
 
     fn decide_cache_aware(
         &self,
+        snap: &Snapshot<'_>,
         key: &RouteKey,
-        loads: &[usize],
-        now: u64,
         rng: &mut impl Rng,
     ) -> Decision {
+        let miss = |rng: &mut _| Decision {
+            worker: snap.least_loaded(rng),
+            reason: Reason::CacheMiss,
+        };
         // Cache partition (cache_salt / extra_key / LoRA): different namespaces never match.
         let ns: Namespace = key.namespace;
-        let least = |rng: &mut _| least_loaded(loads, 0..loads.len(), rng).unwrap_or(0);
         let ids = key.input_ids.as_deref().filter(|v| !v.is_empty());
         if key.text.is_empty() && ids.is_none() {
-            return Decision {
-                worker: least(rng),
-                reason: Reason::CacheMiss,
-            };
+            return miss(rng);
         }
-        let idx = self.model(&key.model);
-        if let Some(d) = ids.and_then(|ids| self.decide_on_events(ids, loads, rng)) {
-            self.record(&idx, key, d.worker as TenantId, now);
+        let loads = snap.loads;
+        let gate = SpillGate::new(
+            loads,
+            snap.eligible,
+            self.balance_rel_threshold,
+            self.balance_abs_threshold,
+        );
+        if let Some(d) = ids.and_then(|ids| self.decide_on_events(snap, ids, &gate, rng)) {
             return d;
         }
+        let Some(idx) = self.existing_model(&key.model) else {
+            return miss(rng);
+        };
         // (matched, request length, candidate tenants, is_tokens)
         let (matched, len, mut tenants, tokens) = match (ids, &idx.hash) {
-            (Some(ids), Some(h)) => match h.read().lookup(ns, ids, now) {
+            (Some(ids), Some(h)) => match h.read().lookup(ns, ids, snap.now_ms) {
                 Some((b, ts)) => (b, ids.len(), ts, true),
                 None => (0, ids.len(), Vec::new(), true),
             },
@@ -493,77 +506,73 @@ impl Router {
                 (m.matched_chars, key.text.chars().count(), m.tenants, false)
             }
         };
-        let gate = SpillGate::new(
-            loads,
-            self.balance_rel_threshold,
-            self.balance_abs_threshold,
-        );
         let ratio = matched as f64 / len.max(1) as f64;
-        // Holders that are still workers (a tenant id beyond `loads` is a removed worker), in
-        // id order: a tie-break then depends on the set and the random draw only, as on the
-        // event index (so the simulator's runs compare like with like).
+        // Eligible holders, in id order: a tie-break then depends on the set and the random
+        // draw only, as on the event index (so the simulator's runs compare like with like).
         tenants.sort_unstable();
         let holders = || {
             tenants
                 .iter()
                 .map(|&t| t as usize)
-                .filter(|&w| w < loads.len())
+                .filter(|&w| snap.is_eligible(w))
         };
-        let decision = if ratio > self.cache_threshold && holders().next().is_some() {
-            let cool = holders().filter(|&w| !gate.is_hot(loads[w]));
-            match least_loaded(loads, cool, rng) {
-                Some(worker) => Decision {
-                    worker,
-                    reason: if tokens {
-                        Reason::TokenHit {
-                            matched_tokens: matched,
-                            ratio,
-                        }
-                    } else {
-                        Reason::CacheHit {
-                            matched_chars: matched,
-                            ratio,
-                        }
-                    },
-                },
-                // Every holder is hot: B11's spill target, which becomes one more holder
-                // below.
-                None => {
-                    let depths = match (ids, &idx.hash) {
-                        (Some(ids), None) => idx.tokens.read().match_depths(ns, ids),
-                        (None, None) => idx.strings.read().match_depths(ns, &key.text),
-                        (_, Some(_)) => Vec::new(),
-                    };
-                    let depth = |w: usize| {
-                        depths
-                            .binary_search_by_key(&(w as TenantId), |e| e.0)
-                            .map_or(0, |i| depths[i].1)
-                    };
-                    Decision {
-                        worker: spill_target(loads, depth, rng),
-                        reason: Reason::Spill,
+        if ratio <= self.cache_threshold || holders().next().is_none() {
+            return miss(rng);
+        }
+        let cool = holders().filter(|&w| !gate.is_hot(loads[w]));
+        match least_loaded(loads, cool, rng) {
+            Some(worker) => Decision {
+                worker,
+                reason: if tokens {
+                    Reason::TokenHit {
+                        matched_tokens: matched,
+                        ratio,
                     }
+                } else {
+                    Reason::CacheHit {
+                        matched_chars: matched,
+                        ratio,
+                    }
+                },
+            },
+            // Every eligible holder is hot: B11's spill target (recorded as one more holder).
+            None => {
+                let depths = match (ids, &idx.hash) {
+                    (Some(ids), None) => idx.tokens.read().match_depths(ns, ids),
+                    (None, None) => idx.strings.read().match_depths(ns, &key.text),
+                    (_, Some(_)) => Vec::new(),
+                };
+                let depth = |w: usize| {
+                    depths
+                        .binary_search_by_key(&(w as TenantId), |e| e.0)
+                        .map_or(0, |i| depths[i].1)
+                };
+                Decision {
+                    worker: spill_target(snap, depth, rng),
+                    reason: Reason::Spill,
                 }
             }
-        } else {
-            Decision {
-                worker: least(rng),
-                reason: Reason::CacheMiss,
-            }
-        };
-        self.record(&idx, key, decision.worker as TenantId, now);
-        decision
+        }
     }
 
-    fn record(&self, idx: &ModelIndexes, key: &RouteKey, worker: TenantId, now: u64) {
+    /// Writes `decision` into the approximate indexes of `key.model` at `now_ms` (the
+    /// [`Router::now_ms`] time base): the request's text or ids are now held by
+    /// `decision.worker` (cache_aware only; the other policies keep no index). Call it once
+    /// per request, when it is committed to its worker; each tree keeps itself within its
+    /// budget at every insert. A request with neither text nor ids records nothing.
+    pub fn record(&self, key: &RouteKey, decision: &Decision, now_ms: u64) {
+        if self.kind != PolicyKind::CacheAware {
+            return;
+        }
+        let ids = key.input_ids.as_deref().filter(|v| !v.is_empty());
+        if key.text.is_empty() && ids.is_none() {
+            return;
+        }
+        let idx = self.model(&key.model);
         let ns: Namespace = key.namespace;
-        match (
-            key.input_ids.as_deref().filter(|v| !v.is_empty()),
-            &idx.hash,
-        ) {
-            (Some(ids), Some(h)) => {
-                h.write(HashOp::Record(ns, ids.to_vec(), worker, now));
-            }
+        let worker = decision.worker as TenantId;
+        match (ids, &idx.hash) {
+            (Some(ids), Some(h)) => h.write(HashOp::Record(ns, ids.to_vec(), worker, now_ms)),
             (Some(ids), None) => idx.tokens.write(TreeOp::Insert(ns, ids.into(), worker)),
             (None, Some(_)) => {}
             (None, None) => idx
@@ -624,3 +633,29 @@ impl Router {
 
 #[cfg(test)]
 mod tests;
+
+/// Test helper: one request the way the gateway runs it when every worker is eligible —
+/// [`Router::decide`] on a snapshot of `loads` (seq from a per-thread counter, so round_robin
+/// takes turns), then [`Router::record`].
+#[cfg(test)]
+impl Router {
+    pub(crate) fn decide_all(&self, key: &RouteKey, loads: &[usize]) -> Decision {
+        thread_local!(static SEQ: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+        let seq = SEQ.with(|s| {
+            let v = s.get();
+            s.set(v + 1);
+            v
+        });
+        let eligible: Vec<usize> = (0..loads.len()).collect();
+        let now = self.now_ms();
+        let snap = Snapshot {
+            loads,
+            eligible: &eligible,
+            seq,
+            now_ms: now,
+        };
+        let d = self.decide(&snap, key, &mut rand::rng());
+        self.record(key, &d, now);
+        d
+    }
+}

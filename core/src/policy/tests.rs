@@ -39,10 +39,10 @@ fn chat_key(messages: serde_json::Value) -> RouteKey {
 #[test]
 fn spill_gate_thresholds_from_anchors_e8() {
     // anchors.md §7 E8: mean 24 → threshold max(36, 88) = 88; mean 125 → max(187.5, 189).
-    let g = SpillGate::new(&[80, 10, 10, 10, 10], 1.5, SMG_ABS);
+    let g = SpillGate::new(&[80, 10, 10, 10, 10], &[0, 1, 2, 3, 4], 1.5, SMG_ABS);
     assert_eq!(g.threshold, 88.0);
     assert!(!g.is_hot(80));
-    let g = SpillGate::new(&[200, 100, 100, 100], 1.5, SMG_ABS);
+    let g = SpillGate::new(&[200, 100, 100, 100], &[0, 1, 2, 3], 1.5, SMG_ABS);
     assert_eq!(g.threshold, 189.0);
     assert!(g.is_hot(200));
 }
@@ -52,18 +52,18 @@ fn e8_holder_keeps_affinity_then_spills_and_replicates() {
     let r = smg_router();
     let prompt = "a shared prefix that is long enough to match ".repeat(4);
     // Seed: worker 0 is the unique least loaded, so the miss lands there.
-    let d = r.decide(&text_key(&prompt), &[0, 1, 1, 1, 1]);
+    let d = r.decide_all(&text_key(&prompt), &[0, 1, 1, 1, 1]);
     assert_eq!((d.worker, d.reason), (0, Reason::CacheMiss));
     // [80, 10, 10, 10, 10]: 80 < 88, the holder is not hot, affinity holds.
-    let d = r.decide(&text_key(&prompt), &[80, 10, 10, 10, 10]);
+    let d = r.decide_all(&text_key(&prompt), &[80, 10, 10, 10, 10]);
     assert_eq!(d.worker, 0);
     assert!(
         matches!(d.reason, Reason::CacheHit { matched_chars, .. } if matched_chars == prompt.chars().count())
     );
     // [200, 100, 100, 100] (4 workers): 200 > 189 → spill to a least-loaded worker.
     let r = smg_router();
-    r.decide(&text_key(&prompt), &[0, 1, 1, 1]);
-    let d = r.decide(&text_key(&prompt), &[200, 100, 100, 100]);
+    r.decide_all(&text_key(&prompt), &[0, 1, 1, 1]);
+    let d = r.decide_all(&text_key(&prompt), &[200, 100, 100, 100]);
     assert_eq!(d.reason, Reason::Spill);
     let x = d.worker;
     assert_ne!(x, 0);
@@ -71,7 +71,7 @@ fn e8_holder_keeps_affinity_then_spills_and_replicates() {
     // others, the request still goes to x (a holder), not to an idler non-holder.
     let mut loads = vec![200, 100, 100, 100];
     loads[x] = 120; // mean 130 → threshold max(195, 194) = 195: 0 hot, x not.
-    let d = r.decide(&text_key(&prompt), &loads);
+    let d = r.decide_all(&text_key(&prompt), &loads);
     assert_eq!(d.worker, x);
     assert!(matches!(d.reason, Reason::CacheHit { .. }));
 }
@@ -82,13 +82,13 @@ fn turn_two_follows_turn_one() {
     let sys = serde_json::json!({"role": "system", "content": "You are terse."});
     let u1 = serde_json::json!({"role": "user", "content": "Explain the KV cache of a transformer in detail. ".repeat(5)});
     let t1 = chat_key(serde_json::json!([sys, u1]));
-    let first = r.decide(&t1, &[3, 0, 3, 3]);
+    let first = r.decide_all(&t1, &[3, 0, 3, 3]);
     assert_eq!(first.worker, 1);
     let t2 = chat_key(
         serde_json::json!([sys, u1, {"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Shorter?"}]),
     );
     // Worker 1 is now the busiest but not hot: turn 2 stays.
-    let d = r.decide(&t2, &[0, 5, 0, 0]);
+    let d = r.decide_all(&t2, &[0, 5, 0, 0]);
     assert_eq!(d.worker, 1);
     assert!(matches!(d.reason, Reason::CacheHit { ratio, .. } if ratio > 0.8));
 }
@@ -103,9 +103,9 @@ fn a_shared_short_system_prompt_is_a_miss() {
     let b = chat_key(
         serde_json::json!([sys, {"role": "user", "content": "Compare sorting algorithms by their complexity. ".repeat(4)}]),
     );
-    assert_eq!(r.decide(&a, &[0, 1]).worker, 0);
+    assert_eq!(r.decide_all(&a, &[0, 1]).worker, 0);
     // b shares only "<|system|>You are terse.<|user|>" (< 30 %): a miss, routed by load.
-    let d = r.decide(&b, &[1, 0]);
+    let d = r.decide_all(&b, &[1, 0]);
     assert_eq!((d.worker, d.reason), (1, Reason::CacheMiss));
 }
 
@@ -122,7 +122,7 @@ fn b1_b4_sixty_four_misses_spread_for_every_policy() {
                 "{:016x} unique prompt",
                 (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
             );
-            let d = r.decide(&text_key(&prompt), &loads);
+            let d = r.decide_all(&text_key(&prompt), &loads);
             loads[d.worker] += 1;
         }
         assert!(
@@ -137,20 +137,20 @@ fn least_request_ties_are_random_not_list_order() {
     let r = router(PolicyKind::LeastRequest);
     let mut counts = [0usize; 4];
     for _ in 0..400 {
-        counts[r.decide(&text_key("x"), &[0, 0, 0, 0]).worker] += 1;
+        counts[r.decide_all(&text_key("x"), &[0, 0, 0, 0]).worker] += 1;
     }
     assert!(counts.iter().all(|&c| c >= 50), "{counts:?}");
-    assert_eq!(r.decide(&text_key("x"), &[3, 1, 2, 5]).worker, 1);
+    assert_eq!(r.decide_all(&text_key("x"), &[3, 1, 2, 5]).worker, 1);
 }
 
 #[test]
 fn removed_worker_is_forgotten() {
     let r = router(PolicyKind::CacheAware);
     let p = "prompt held by worker two only, long enough ".repeat(3);
-    assert_eq!(r.decide(&text_key(&p), &[1, 1, 0]).worker, 2);
+    assert_eq!(r.decide_all(&text_key(&p), &[1, 1, 0]).worker, 2);
     r.remove_worker(2);
     assert_eq!(
-        r.decide(&text_key(&p), &[1, 0, 1]).reason,
+        r.decide_all(&text_key(&p), &[1, 0, 1]).reason,
         Reason::CacheMiss
     );
 }
@@ -208,7 +208,7 @@ proptest! {
             seed(&r, &text, &holders);
         }
         let min_all = *loads.iter().min().unwrap();
-        let d = r.decide(&text_key(&text), &loads);
+        let d = r.decide_all(&text_key(&text), &loads);
         let cool: Vec<usize> = holders.iter().copied().filter(|&w| !brute_hot(&loads, w)).collect();
         if !cached || holders.is_empty() {
             prop_assert_eq!(d.reason, Reason::CacheMiss);
@@ -237,10 +237,10 @@ fn threshold_is_strict_and_per_model() {
     seed(&r, "abcXXXXXXX", &[2]);
     seed(&r, "abcdYYYYYY", &[2]);
     assert_eq!(
-        r.decide(&text_key("abcZZZZZZZ"), &[0, 1, 1]).reason,
+        r.decide_all(&text_key("abcZZZZZZZ"), &[0, 1, 1]).reason,
         Reason::CacheMiss
     );
-    let d = r.decide(&text_key("abcdZZZZZZ"), &[0, 1, 1]);
+    let d = r.decide_all(&text_key("abcdZZZZZZ"), &[0, 1, 1]);
     assert_eq!(d.worker, 2);
     assert_eq!(
         d.reason,
@@ -255,7 +255,7 @@ fn threshold_is_strict_and_per_model() {
         text: "abcdZZZZZZ".into(),
         ..RouteKey::default()
     };
-    assert_eq!(r.decide(&other, &[0, 1, 1]).reason, Reason::CacheMiss);
+    assert_eq!(r.decide_all(&other, &[0, 1, 1]).reason, Reason::CacheMiss);
 }
 
 #[test]
@@ -266,7 +266,7 @@ fn empty_text_is_a_miss_and_not_recorded() {
         input_ids: Some(vec![1, 2, 3]),
         ..RouteKey::default()
     };
-    let d = r.decide(&ids_only, &[4, 0, 9]);
+    let d = r.decide_all(&ids_only, &[4, 0, 9]);
     assert_eq!((d.worker, d.reason), (1, Reason::CacheMiss));
     assert_eq!(r.tree_chars("m"), 0);
 }
@@ -281,7 +281,7 @@ fn b15_tree_stays_within_budget_at_every_decision() {
     });
     let mut loads = vec![0usize; 4];
     for i in 0..500 {
-        let d = r.decide(&text_key(&format!("{i:05} {}", "y".repeat(i % 90))), &loads);
+        let d = r.decide_all(&text_key(&format!("{i:05} {}", "y".repeat(i % 90))), &loads);
         loads[d.worker] += 1;
         assert!(r.tree_chars("m") <= 2_000, "decision {i}");
     }
@@ -294,7 +294,7 @@ fn tenants_of_removed_workers_are_not_candidates() {
     let r = router(PolicyKind::CacheAware);
     let text = "prefix held by a worker that is gone ".repeat(3);
     seed(&r, &text, &[5]);
-    let d = r.decide(&text_key(&text), &[2, 0, 1]);
+    let d = r.decide_all(&text_key(&text), &[2, 0, 1]);
     assert_eq!((d.worker, d.reason), (1, Reason::CacheMiss));
 }
 
@@ -302,7 +302,7 @@ fn tenants_of_removed_workers_are_not_candidates() {
 fn round_robin_cycles_in_order() {
     let r = router(PolicyKind::RoundRobin);
     let got: Vec<usize> = (0..7)
-        .map(|_| r.decide(&text_key("x"), &[9, 0, 0]).worker)
+        .map(|_| r.decide_all(&text_key("x"), &[9, 0, 0]).worker)
         .collect();
     assert_eq!(got, vec![0, 1, 2, 0, 1, 2, 0]);
 }
@@ -364,7 +364,7 @@ fn router_is_shared_across_threads() {
             let r = r.clone();
             std::thread::spawn(move || {
                 for i in 0..200 {
-                    let d = r.decide(&text_key(&format!("thread {t} turn {i}")), &[1, 1, 1, 1]);
+                    let d = r.decide_all(&text_key(&format!("thread {t} turn {i}")), &[1, 1, 1, 1]);
                     assert!(d.worker < 4);
                 }
             })
@@ -388,14 +388,14 @@ fn ids_key(ids: Vec<u32>) -> RouteKey {
 fn token_requests_use_the_page_tree() {
     let r = router(PolicyKind::CacheAware);
     let base: Vec<u32> = (0..100).collect(); // 6 whole pages of 16 + 4 tokens
-    let d = r.decide(&ids_key(base.clone()), &[1, 0, 1]);
+    let d = r.decide_all(&ids_key(base.clone()), &[1, 0, 1]);
     assert_eq!((d.worker, d.reason), (1, Reason::CacheMiss));
     assert_eq!(r.tree_tokens("m"), 96);
     assert_eq!(r.tree_chars("m"), 0, "text and token trees are separate");
     // Same 6 pages, different tail: 96 of 110 tokens match → hit on worker 1.
     let mut q = base[..96].to_vec();
     q.extend(500..514);
-    let d = r.decide(&ids_key(q), &[0, 3, 0]);
+    let d = r.decide_all(&ids_key(q), &[0, 3, 0]);
     assert_eq!(d.worker, 1);
     assert_eq!(
         d.reason,
@@ -405,7 +405,7 @@ fn token_requests_use_the_page_tree() {
         }
     );
     // Shorter than one page never matches.
-    let d = r.decide(&ids_key(base[..15].to_vec()), &[5, 5, 0]);
+    let d = r.decide_all(&ids_key(base[..15].to_vec()), &[5, 5, 0]);
     assert_eq!((d.worker, d.reason), (2, Reason::CacheMiss));
 }
 
@@ -418,10 +418,10 @@ fn hash_mode_matches_the_deepest_head() {
         ..Config::default()
     });
     let ids: Vec<u32> = (0..40).collect();
-    let d = r.decide(&ids_key(ids.clone()), &[0, 1]);
+    let d = r.decide_all(&ids_key(ids.clone()), &[0, 1]);
     assert_eq!(d.worker, 0);
     r.flush();
-    let d = r.decide(&ids_key(ids[..35].to_vec()), &[2, 0]);
+    let d = r.decide_all(&ids_key(ids[..35].to_vec()), &[2, 0]);
     assert_eq!(
         d.reason,
         Reason::TokenHit {
@@ -432,7 +432,7 @@ fn hash_mode_matches_the_deepest_head() {
     assert_eq!(d.worker, 0);
     // Text in hash mode is a miss.
     assert_eq!(
-        r.decide(&text_key("hello"), &[0, 0]).reason,
+        r.decide_all(&text_key("hello"), &[0, 0]).reason,
         Reason::CacheMiss
     );
 }
@@ -441,8 +441,8 @@ fn hash_mode_matches_the_deepest_head() {
 #[test]
 fn remove_worker_purges_both_trees() {
     let r = router(PolicyKind::CacheAware);
-    r.decide(&ids_key((0..64).collect()), &[0, 1]);
-    r.decide(&text_key("some prompt text"), &[0, 1]);
+    r.decide_all(&ids_key((0..64).collect()), &[0, 1]);
+    r.decide_all(&text_key("some prompt text"), &[0, 1]);
     r.remove_worker(0);
     assert_eq!((r.tree_tokens("m"), r.tree_chars("m")), (0, 0));
 }
@@ -457,10 +457,10 @@ fn cache_partitions_never_match_each_other() {
         namespace: ns,
         ..text_key(&text)
     };
-    assert_eq!(r.decide(&salted(7), &[0, 1]).worker, 0);
-    let other = r.decide(&salted(9), &[0, 1]);
+    assert_eq!(r.decide_all(&salted(7), &[0, 1]).worker, 0);
+    let other = r.decide_all(&salted(9), &[0, 1]);
     assert_eq!(other.reason, Reason::CacheMiss);
-    let same = r.decide(&salted(7), &[3, 0]);
+    let same = r.decide_all(&salted(7), &[3, 0]);
     assert_eq!(same.worker, 0);
     assert!(matches!(same.reason, Reason::CacheHit { .. }));
     // Token requests too.
@@ -470,6 +470,100 @@ fn cache_partitions_never_match_each_other() {
         input_ids: Some(ids.clone()),
         ..text_key("")
     };
-    assert_eq!(r.decide(&tok(1), &[0, 1]).worker, 0);
-    assert_eq!(r.decide(&tok(2), &[0, 1]).reason, Reason::CacheMiss);
+    assert_eq!(r.decide_all(&tok(1), &[0, 1]).worker, 0);
+    assert_eq!(r.decide_all(&tok(2), &[0, 1]).reason, Reason::CacheMiss);
+}
+
+fn snap<'a>(loads: &'a [usize], eligible: &'a [usize], seq: u64) -> Snapshot<'a> {
+    Snapshot {
+        loads,
+        eligible,
+        seq,
+        now_ms: 0,
+    }
+}
+
+/// The policy seam: `decide` writes nothing, so deciding twice, or deciding and not
+/// recording (a failed attempt), leaves the indexes as they were; only `record` inserts.
+#[test]
+fn decide_is_read_only_and_record_writes() {
+    let r = router(PolicyKind::CacheAware);
+    let key = text_key(&"a conversation that will be routed twice ".repeat(3));
+    let all = [0, 1, 2];
+    for _ in 0..5 {
+        let d = r.decide(&snap(&[0, 1, 1], &all, 0), &key, &mut rand::rng());
+        assert_eq!((d.worker, d.reason), (0, Reason::CacheMiss));
+    }
+    assert_eq!(r.tree_chars("m"), 0, "decide inserted into the tree");
+    let d = r.decide(&snap(&[1, 1, 0], &all, 0), &key, &mut rand::rng());
+    r.record(&key, &d, 0);
+    assert_eq!(d.worker, 2);
+    assert_eq!(r.tree_chars("m"), key.text.chars().count());
+    let d = r.decide(&snap(&[0, 0, 1], &all, 0), &key, &mut rand::rng());
+    assert_eq!(d.worker, 2, "{d:?}");
+    assert!(matches!(d.reason, Reason::CacheHit { .. }));
+}
+
+/// A retry vetoes the failed holder: the next decision picks among the others, and the
+/// failed attempt left no trace in the tree (bug-cases.md B43: at most one failed attempt).
+#[test]
+fn b43_a_vetoed_holder_is_never_chosen() {
+    let r = router(PolicyKind::CacheAware);
+    let key = text_key(&"prefix held by worker one only ".repeat(4));
+    r.record(
+        &key,
+        &Decision {
+            worker: 1,
+            reason: Reason::CacheMiss,
+        },
+        0,
+    );
+    let d = r.decide(&snap(&[0, 0, 0], &[0, 1, 2], 0), &key, &mut rand::rng());
+    assert_eq!(d.worker, 1);
+    for _ in 0..50 {
+        let d = r.decide(&snap(&[3, 0, 5], &[0, 2], 0), &key, &mut rand::rng());
+        assert_eq!((d.worker, d.reason), (0, Reason::CacheMiss));
+    }
+    for kind in [PolicyKind::RoundRobin, PolicyKind::LeastRequest] {
+        let r = router(kind);
+        for seq in 0..20 {
+            let d = r.decide(&snap(&[0, 0, 0, 0], &[1, 3], seq), &key, &mut rand::rng());
+            assert!(d.worker == 1 || d.worker == 3, "{kind:?} chose {d:?}");
+        }
+    }
+    // round_robin takes eligible workers in turn by sequence number.
+    let r = router(PolicyKind::RoundRobin);
+    let turns: Vec<usize> = (0..4)
+        .map(|seq| r.decide(&snap(&[0; 4], &[0, 2, 3], seq), &key, &mut rand::rng()).worker)
+        .collect();
+    assert_eq!(turns, vec![0, 2, 3, 0]);
+}
+
+/// bug-cases.md B5: healthy workers at [5, 5] and an unhealthy one at 0. The spill gate's
+/// mean is over eligible workers (5), so the holder is not hot and keeps its affinity; over
+/// all three (mean 3.3) with a margin of 1 it would have been hot.
+#[test]
+fn b5_unhealthy_workers_stay_out_of_the_balance_statistics() {
+    let r = Router::new(&Config {
+        policy: PolicyKind::CacheAware,
+        balance_abs_threshold: 1,
+        balance_rel_threshold: 1.0,
+        ..Config::default()
+    });
+    let key = text_key(&"held by worker zero ".repeat(4));
+    r.record(
+        &key,
+        &Decision {
+            worker: 0,
+            reason: Reason::CacheMiss,
+        },
+        0,
+    );
+    let loads = [5, 5, 0];
+    let g = SpillGate::new(&loads, &[0, 1], 1.0, 1);
+    assert!(!g.is_hot(5));
+    assert!(SpillGate::new(&loads, &[0, 1, 2], 1.0, 1).is_hot(5));
+    let d = r.decide(&snap(&loads, &[0, 1], 0), &key, &mut rand::rng());
+    assert_eq!(d.worker, 0, "{d:?}");
+    assert!(matches!(d.reason, Reason::CacheHit { .. }));
 }

@@ -7,6 +7,8 @@
 
 use crate::error::HttpError;
 
+pub mod server;
+
 /// Most header lines parsed in one head (request or response). More → 431 (request) or a
 /// worker protocol error (response). Nginx's default buffer holds about as many.
 pub const MAX_HEADERS: usize = 128;
@@ -482,6 +484,8 @@ pub fn canonical_reason(status: u16) -> &'static str {
         100 => "Continue",
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
+        408 => "Request Timeout",
         404 => "Not Found",
         405 => "Method Not Allowed",
         413 => "Payload Too Large",

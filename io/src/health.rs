@@ -1,0 +1,168 @@
+//! Active health checks (`--health-check-interval-secs`): one `kv-health` thread sends every
+//! worker `GET /health` in turn, and `GET /v1/models` to learn what it serves, and feeds the
+//! outcome to the worker's [`kvroute_core::health::HealthTracker`] (N failures → unhealthy,
+//! M passes → healthy). A worker that comes back after being unhealthy is purged from every
+//! index first: it was restarted or lost its cache, and its engine re-announces what it
+//! holds. The thread ends once the gateway's state is dropped.
+//!
+//! Also [`http_get`], the small blocking HTTP/1.0 client the background threads share (this
+//! one and the load reports of [`crate::load_poll`]).
+
+use crate::state::Shared;
+use kvroute_core::config::Config;
+use kvroute_core::health::HealthChange;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// Largest response read by [`http_get`], bytes; a longer one is cut there.
+const MAX_RESPONSE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// When and how long the checks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checks {
+    /// Time between two rounds.
+    pub interval: Duration,
+    /// Time allowed per request (connect, then each read).
+    pub timeout: Duration,
+}
+
+impl Checks {
+    /// The checks of `cfg`; `None` when `health_check_interval_secs` is 0 (off: every worker
+    /// counts as healthy, and its models come from its spec only).
+    pub fn of(cfg: &Config) -> Option<Checks> {
+        (cfg.health_check_interval_secs > 0).then(|| Checks {
+            interval: Duration::from_secs(cfg.health_check_interval_secs),
+            timeout: Duration::from_secs(cfg.health_check_timeout_secs),
+        })
+    }
+}
+
+/// One `GET path` to `addr` with HTTP/1.0 (the answer ends with the connection, never
+/// chunked): `(status, body)`.
+///
+/// # Errors
+/// Connect or read error, a timeout, or a response that is not HTTP.
+pub fn http_get(
+    addr: SocketAddr,
+    authority: &str,
+    path: &str,
+    timeout: Duration,
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: */*\r\n\r\n")?;
+    let mut resp = Vec::new();
+    s.take(MAX_RESPONSE_BYTES).read_to_end(&mut resp)?;
+    // The gateway's own response-head parser; a malformed or cut head is an error.
+    match crate::http1::parse_response_head(
+        &resp,
+        "GET",
+        kvroute_core::config::defaults::MAX_HEAD_BYTES,
+    ) {
+        Ok(Some((head, len))) => Ok((head.status, resp[len..].to_vec())),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not an HTTP response",
+        )),
+    }
+}
+
+/// What one check of a worker found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// `GET /health` answered 200 within the timeout.
+    pub healthy: bool,
+    /// The model ids of its `/v1/models` (`data[].id`), when that answered 200 with a list.
+    pub models: Option<Vec<String>>,
+}
+
+/// Checks the worker at `addr` once (`url` for its `Host`).
+pub fn probe(addr: SocketAddr, url: &str, timeout: Duration) -> Probe {
+    let authority = url.strip_prefix("http://").unwrap_or(url);
+    let healthy = matches!(http_get(addr, authority, "/health", timeout), Ok((200, _)));
+    let models = healthy
+        .then(|| http_get(addr, authority, "/v1/models", timeout).ok())
+        .flatten()
+        .and_then(|(status, body)| (status == 200).then(|| model_ids(&body)).flatten());
+    Probe { healthy, models }
+}
+
+/// The ids of an OpenAI `/v1/models` list (`{"data":[{"id":..},..]}`); `None` when the body
+/// is not such a list.
+pub fn model_ids(body: &[u8]) -> Option<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let ids = v
+        .get("data")?
+        .as_array()?
+        .iter()
+        .filter_map(|m| m.get("id")?.as_str().map(str::to_string))
+        .collect();
+    Some(ids)
+}
+
+/// Starts the `kv-health` thread.
+///
+/// # Errors
+/// The thread could not be spawned.
+pub fn start(shared: &Arc<Shared>, checks: Checks) -> std::io::Result<()> {
+    let weak: Weak<Shared> = Arc::downgrade(shared);
+    std::thread::Builder::new()
+        .name("kv-health".into())
+        .spawn(move || {
+            loop {
+                let started = Instant::now();
+                let Some(shared) = weak.upgrade() else { return };
+                round(&shared, checks.timeout);
+                drop(shared);
+                // Sleep in short steps, so the thread ends soon after the gateway does.
+                while started.elapsed() < checks.interval {
+                    if weak.strong_count() == 0 {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50).min(checks.interval));
+                }
+            }
+        })
+        .map(|_| ())
+}
+
+/// One check of every present worker.
+fn round(shared: &Shared, timeout: Duration) {
+    for w in shared.workers.iter() {
+        let Some(addr) = w.addr else { continue };
+        let p = probe(addr, &w.url, timeout);
+        if let Some(models) = p.models {
+            w.set_models(models);
+        }
+        match w.record_health(p.healthy) {
+            HealthChange::BecameHealthy => {
+                shared.purge_worker(w.id);
+                tracing::info!(worker = w.id, url = %w.url, "worker healthy again: indexes purged, back in rotation");
+            }
+            HealthChange::BecameUnhealthy => {
+                tracing::warn!(worker = w.id, url = %w.url, "worker unhealthy: out of rotation");
+            }
+            HealthChange::Same => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_ids_of_an_openai_list() {
+        let body = br#"{"object":"list","data":[{"id":"qwen3","object":"model"},{"id":"lora-a"}]}"#;
+        assert_eq!(
+            model_ids(body),
+            Some(vec!["qwen3".to_string(), "lora-a".to_string()])
+        );
+        assert_eq!(model_ids(br#"{"data":[]}"#), Some(vec![]));
+        assert_eq!(model_ids(b"<html>"), None);
+        assert_eq!(model_ids(br#"{"object":"list"}"#), None);
+    }
+}

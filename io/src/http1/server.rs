@@ -1,0 +1,318 @@
+//! The HTTP/1.1 client side: one connection's loop (read a request head and body under the
+//! slow-client timeouts, hand a neutral [`Request`] to [`crate::exchange::handle`]) and
+//! [`Http1Sink`], the [`ResponseSink`] that writes its response.
+//!
+//! Limits, each answered with an OpenAI-shaped error and a closed connection: a head over
+//! `max_head_bytes` → 431, a body over `max_body_bytes` → 413, no complete head within
+//! `client_header_timeout` → 408, a body read stalled for `client_body_timeout` → 408,
+//! malformed bytes → 400 (nginx's behaviour, operations.md §3). An idle keep-alive
+//! connection closes silently after `client_idle_timeout`.
+
+use super::{ChunkedDecoder, Framing, RequestHead, parse_request_head};
+use crate::conn::Conn;
+use crate::error::HttpError;
+use crate::exchange::{self, ShardCtx};
+use crate::message::{ApiError, BodyKind, Request, ResponseSink, respond_error};
+use std::io;
+use std::time::{Duration, Instant};
+
+/// Serves one client connection until it closes, errs, asks to close, or the gateway shuts
+/// down between two requests.
+pub async fn serve_connection(ctx: ShardCtx, stream: monoio::net::TcpStream) {
+    let mut client = Conn::new(stream);
+    let s = &ctx.shared.settings;
+    loop {
+        if ctx.shared.is_shutting_down() && client.buffered().is_empty() {
+            return;
+        }
+        let received = Instant::now();
+        let head = match read_head(&mut client, s.max_head_bytes, s.client_idle_timeout, s.client_header_timeout).await {
+            Ok(Some(head)) => head,
+            Ok(None) => return,
+            Err(e) => {
+                reject(&ctx, &mut client, &e, received).await;
+                return;
+            }
+        };
+        let body = match read_body(&mut client, &head, s.max_body_bytes, s.client_body_timeout).await {
+            Ok(body) => body,
+            Err(BodyError::Closed) => return,
+            Err(BodyError::Http(e)) => {
+                reject(&ctx, &mut client, &e, received).await;
+                return;
+            }
+        };
+        let keep = head.keep_alive;
+        let req = match to_request(head, body, received) {
+            Ok(r) => r,
+            Err(e) => {
+                reject(&ctx, &mut client, &e, received).await;
+                return;
+            }
+        };
+        let mut sink = Http1Sink::new(&mut client, keep);
+        exchange::handle(&ctx, req, &mut sink).await;
+        if !sink.reusable() {
+            return;
+        }
+    }
+}
+
+/// Answers a request that could not be parsed (it never reaches the exchange, but is counted
+/// and logged like every other: [`exchange::reject`]) and closes.
+async fn reject(ctx: &ShardCtx, client: &mut Conn, e: &HttpError, received: Instant) {
+    let err = ApiError::new(e.status(), e.to_string());
+    let mut sink = Http1Sink::new(client, false);
+    exchange::reject(ctx, &err, e.kind(), received);
+    let _ = respond_error(&mut sink, &err, &[]).await;
+}
+
+/// A parsed head and its body as a neutral [`Request`].
+///
+/// # Errors
+/// [`HttpError::Malformed`] for a method, target or header the `http` types refuse.
+fn to_request(head: RequestHead, body: Vec<u8>, received: Instant) -> Result<Request, HttpError> {
+    let mut b = http::Request::builder()
+        .method(head.method.as_str())
+        .uri(head.target.as_str())
+        .version(if head.minor_version == 0 {
+            http::Version::HTTP_10
+        } else {
+            http::Version::HTTP_11
+        });
+    let headers = b
+        .headers_mut()
+        .ok_or(HttpError::Malformed("invalid method or target"))?;
+    for (name, value) in head.headers {
+        let name = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| HttpError::Malformed("invalid header name"))?;
+        let value = http::HeaderValue::from_bytes(&value)
+            .map_err(|_| HttpError::Malformed("invalid header value"))?;
+        headers.append(name, value);
+    }
+    let (parts, ()) = b
+        .body(())
+        .map_err(|_| HttpError::Malformed("invalid method or target"))?
+        .into_parts();
+    Ok(Request {
+        parts,
+        body,
+        received,
+    })
+}
+
+/// Reads one request head. `Ok(None)`: the client closed (or idled out) between requests.
+///
+/// # Errors
+/// [`HttpError::HeadTooLarge`], [`HttpError::Malformed`], or [`HttpError::Timeout`] when the
+/// head started but did not complete within `header_timeout`.
+async fn read_head(
+    client: &mut Conn,
+    max_head: usize,
+    idle_timeout: Duration,
+    header_timeout: Duration,
+) -> Result<Option<RequestHead>, HttpError> {
+    let mut started: Option<Instant> = None;
+    loop {
+        if !client.buffered().is_empty() {
+            if let Some((head, len)) = parse_request_head(client.buffered(), max_head)? {
+                client.consume(len);
+                return Ok(Some(head));
+            }
+            started.get_or_insert_with(Instant::now);
+        }
+        let wait = match started {
+            None => idle_timeout,
+            Some(t) => header_timeout.saturating_sub(t.elapsed()),
+        };
+        let had = client.buffered().len();
+        match monoio::time::timeout(wait, client.fill()).await {
+            Ok(Ok(n)) if n > 0 => {}
+            Err(_) if had > 0 => return Err(HttpError::Timeout("request head")),
+            _ if had == 0 => return Ok(None),
+            _ => {
+                return Err(HttpError::Malformed(
+                    "connection closed inside the request head",
+                ));
+            }
+        }
+    }
+}
+
+enum BodyError {
+    Closed,
+    Http(HttpError),
+}
+
+impl From<HttpError> for BodyError {
+    fn from(e: HttpError) -> Self {
+        BodyError::Http(e)
+    }
+}
+
+/// One read of a body, allowed `timeout` (a stalled upload is a slow client).
+async fn fill_body(client: &mut Conn, timeout: Duration) -> Result<(), BodyError> {
+    match monoio::time::timeout(timeout, client.fill()).await {
+        Ok(Ok(n)) if n > 0 => Ok(()),
+        Ok(_) => Err(BodyError::Closed),
+        Err(_) => Err(HttpError::Timeout("request body").into()),
+    }
+}
+
+/// Reads the whole request body (the router must see it to route), de-chunking if needed.
+async fn read_body(
+    client: &mut Conn,
+    head: &RequestHead,
+    max_body: usize,
+    timeout: Duration,
+) -> Result<Vec<u8>, BodyError> {
+    let too_large = HttpError::BodyTooLarge { limit: max_body };
+    match head.framing {
+        Framing::Empty | Framing::Length(0) => Ok(Vec::new()),
+        Framing::Length(n) => {
+            if n > max_body as u64 {
+                return Err(too_large.into());
+            }
+            let n = n as usize;
+            send_continue(client, head).await;
+            while client.buffered().len() < n {
+                fill_body(client, timeout).await?;
+            }
+            let body = client.buffered()[..n].to_vec();
+            client.consume(n);
+            Ok(body)
+        }
+        Framing::Chunked => {
+            send_continue(client, head).await;
+            let mut dec = ChunkedDecoder::new();
+            let mut body = Vec::new();
+            loop {
+                let used = dec.feed(client.buffered(), Some(&mut body))?;
+                client.consume(used);
+                if body.len() > max_body {
+                    return Err(too_large.into());
+                }
+                if dec.is_done() {
+                    return Ok(body);
+                }
+                fill_body(client, timeout).await?;
+            }
+        }
+        Framing::UntilClose => Err(HttpError::Malformed("request without length").into()),
+    }
+}
+
+async fn send_continue(client: &mut Conn, head: &RequestHead) {
+    if head.expect_continue && client.buffered().is_empty() {
+        let _ = client
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec())
+            .await;
+    }
+}
+
+/// The [`ResponseSink`] of one HTTP/1.1 exchange: writes the head with `content-length` or
+/// `transfer-encoding: chunked`, frames stream data as chunks, and says `connection: close`
+/// when the connection will not be reused.
+///
+/// # Invariants
+/// 1. At most one head is written; data is written only after it.
+/// 2. A `Length` body is written with no framing; a `Stream` body as chunks ending `0\r\n\r\n`.
+pub struct Http1Sink<'a> {
+    client: &'a mut Conn,
+    keep_alive: bool,
+    body: Option<BodyKind>,
+    finished: bool,
+    failed: bool,
+}
+
+impl<'a> Http1Sink<'a> {
+    /// A sink on `client`; `keep_alive` is what the client asked for.
+    pub fn new(client: &'a mut Conn, keep_alive: bool) -> Self {
+        Self {
+            client,
+            keep_alive,
+            body: None,
+            finished: false,
+            failed: false,
+        }
+    }
+
+    /// True when the connection may serve another request: the client asked for keep-alive,
+    /// the response was written whole, and nothing asked to close.
+    pub fn reusable(&self) -> bool {
+        self.keep_alive && self.finished && !self.failed
+    }
+}
+
+impl ResponseSink for Http1Sink<'_> {
+    async fn send_head(
+        &mut self,
+        status: u16,
+        headers: &[(http::HeaderName, http::HeaderValue)],
+        body: BodyKind,
+    ) -> io::Result<()> {
+        debug_assert!(self.body.is_none(), "invariant 1: one head");
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(status.to_string().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(super::canonical_reason(status).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        for (name, value) in headers {
+            super::push_header(&mut out, name.as_str(), value.as_bytes());
+        }
+        match body {
+            BodyKind::Length(n) => super::push_header(&mut out, "content-length", n.to_string().as_bytes()),
+            BodyKind::Stream => super::push_header(&mut out, "transfer-encoding", b"chunked"),
+        }
+        if !self.keep_alive {
+            super::push_header(&mut out, "connection", b"close");
+        }
+        out.extend_from_slice(b"\r\n");
+        self.body = Some(body);
+        let (res, _) = self.client.write_all(out).await;
+        self.failed |= res.is_err();
+        res
+    }
+
+    async fn send_data(&mut self, data: Vec<u8>) -> (io::Result<()>, Vec<u8>) {
+        if data.is_empty() {
+            return (Ok(()), data);
+        }
+        let (res, data) = match self.body {
+            Some(BodyKind::Stream) => {
+                let mut framed = Vec::with_capacity(data.len() + 16);
+                framed.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                framed.extend_from_slice(&data);
+                framed.extend_from_slice(b"\r\n");
+                let (res, _) = self.client.write_all(framed).await;
+                (res, data)
+            }
+            _ => self.client.write_all(data).await,
+        };
+        self.failed |= res.is_err();
+        (res, data)
+    }
+
+    async fn finish(&mut self) -> io::Result<()> {
+        if self.body == Some(BodyKind::Stream) {
+            let (res, _) = self.client.write_all(b"0\r\n\r\n".to_vec()).await;
+            self.failed |= res.is_err();
+            res?;
+        }
+        self.finished = true;
+        Ok(())
+    }
+
+    async fn client_gone(&self) {
+        crate::conn::peer_gone(&self.client.stream).await
+    }
+
+    fn head_sent(&self) -> bool {
+        self.body.is_some()
+    }
+
+    fn close_after(&mut self) {
+        self.keep_alive = false;
+    }
+}

@@ -1,0 +1,134 @@
+//! [`Record`]: one per request, made when its head is parsed, filled in as the exchange goes,
+//! and emitted exactly once when it drops, whatever the outcome: the request counters and
+//! histograms, the hit-outcome counters, and the access-log line (target `kvroute::access`).
+
+use crate::state::Shared;
+use kvroute_core::metrics::Phase;
+use kvroute_core::policy::Reason;
+use kvroute_core::workers::Worker;
+use std::time::{Duration, Instant};
+
+/// What the access log and the request metrics say of one request.
+pub struct Record<'a> {
+    shared: &'a Shared,
+    /// Method.
+    pub method: String,
+    /// Path as sent (without the query).
+    pub path: String,
+    /// Metric label of the route (a fixed set).
+    pub route: &'static str,
+    /// When the transport started reading the request.
+    pub received: Instant,
+    /// `x-request-id` (taken or generated).
+    pub request_id: String,
+    /// Status sent to the client (0: none, the client left first).
+    pub status: u16,
+    /// `model` of the body ("" when none).
+    pub model: String,
+    /// The worker the request was committed to (or the last one tried).
+    pub worker: Option<usize>,
+    /// The policy's branch (`hit`, `miss`, ...), once committed.
+    pub branch: &'static str,
+    /// Cached tokens the policy predicted on the chosen worker, from the engine's usage.
+    pub predicted_cached: Option<u64>,
+    /// Cached tokens the engine reported serving (`usage.prompt_tokens_details`).
+    pub served_cached: Option<u64>,
+    /// When the first attempt was sent upstream (router-added latency, request side).
+    pub upstream_sent: Option<Instant>,
+    /// Time from `received` to the first body byte written to the client.
+    pub ttft: Option<Duration>,
+    /// Time from the worker's first byte to its write to the client (router-added latency,
+    /// response side).
+    pub response_added: Option<Duration>,
+    /// Failed attempts retried on another worker.
+    pub retries: u32,
+    /// Mid-stream migrations.
+    pub migrations: u32,
+    /// Why the request failed, if it did (a metric `kind` label).
+    pub error: Option<&'static str>,
+}
+
+impl<'a> Record<'a> {
+    /// A record for a request read since `received`.
+    pub fn new(
+        shared: &'a Shared,
+        method: &str,
+        path: &str,
+        route: &'static str,
+        received: Instant,
+        request_id: String,
+    ) -> Self {
+        Self {
+            shared,
+            method: method.to_string(),
+            path: path.to_string(),
+            route,
+            received,
+            request_id,
+            status: 0,
+            model: String::new(),
+            worker: None,
+            branch: "",
+            predicted_cached: None,
+            served_cached: None,
+            upstream_sent: None,
+            ttft: None,
+            response_added: None,
+            retries: 0,
+            migrations: 0,
+            error: None,
+        }
+    }
+
+    /// The request is committed to `worker` for `reason`.
+    pub fn commit(&mut self, worker: &Worker, reason: Reason) {
+        self.worker = Some(worker.id);
+        self.branch = reason.as_str();
+    }
+}
+
+impl Drop for Record<'_> {
+    fn drop(&mut self) {
+        let m = &self.shared.metrics;
+        let elapsed = self.received.elapsed();
+        m.on_request_done(
+            self.route,
+            self.status,
+            &self.model,
+            self.worker,
+            elapsed.as_secs_f64(),
+        );
+        if let Some(sent) = self.upstream_sent {
+            let added = sent.duration_since(self.received).as_secs_f64();
+            m.on_router_added(Phase::Request, added);
+        }
+        if let Some(d) = self.response_added {
+            m.on_router_added(Phase::Response, d.as_secs_f64());
+        }
+        if let Some(t) = self.ttft {
+            m.on_ttft(self.route, t.as_secs_f64());
+        }
+        if let (Some(w), Some(p), Some(s)) = (self.worker, self.predicted_cached, self.served_cached) {
+            m.on_worker_hit_outcome(w, p, s);
+        }
+        let worker = self.worker.map(|w| w.to_string()).unwrap_or_default();
+        tracing::info!(
+            target: "kvroute::access",
+            method = %self.method,
+            path = %self.path,
+            status = self.status,
+            model = %self.model,
+            worker = %worker,
+            branch = self.branch,
+            predicted_cached = self.predicted_cached,
+            served_cached = self.served_cached,
+            ttft_ms = self.ttft.map(|t| t.as_secs_f64() * 1e3),
+            duration_ms = elapsed.as_secs_f64() * 1e3,
+            retries = self.retries,
+            migrations = self.migrations,
+            error = self.error,
+            request_id = %self.request_id,
+            "request"
+        );
+    }
+}
