@@ -51,3 +51,12 @@ pub const KEEP_ALIVE_TIMEOUT_MS: u64 = 5_000;
 /// Wall-clock driver: modelled time is accumulated and slept once it reaches this many ms,
 /// so sub-millisecond steps batch into one sleep.
 pub const MIN_SLEEP_MS: f64 = 1.0;
+
+/// Whether the engine answers 404 to a request for a model it does not serve. vLLM always
+/// checks; the simulator defaults to off because the workspace's clients send other names
+/// (`kvroute replay` defaults to `Qwen/Qwen3-0.6B`, the io tests send `"m"`). Tests of the
+/// router's 404 handling turn it on with `EngineConfig::check_model`.
+pub const CHECK_MODEL: bool = false;
+
+/// How many `x-request-id` values `GET /_kvroute/stats` keeps (the most recent ones).
+pub const REQUEST_ID_LOG: usize = 1_024;

@@ -14,6 +14,6 @@ pub mod events;
 pub mod model;
 pub mod server;
 
-pub use config::EngineConfig;
+pub use config::{EngineConfig, EngineFaults};
 pub use model::{EngineCore, EngineError, EngineStats, StepOutput, TokenOut};
-pub use server::{EngineHandle, render_metrics, serve, spawn};
+pub use server::{EngineHandle, RequestStats, render_metrics, serve, spawn};

@@ -16,24 +16,39 @@
 //! | `GET /metrics` | vLLM Prometheus gauges and counters, labels `model_name`, `engine` |
 //! | `POST /reset_prefix_cache` | drops cached blocks (409 while requests hold blocks) |
 //! | `GET /debug/cached_blocks` | JSON array of the engine hashes of every cached block (test oracle) |
+//! | `GET /_kvroute/fault`, `POST /_kvroute/fault` | read / replace the [`EngineFaults`] (JSON, same field names); answers the state now in force |
+//! | `GET /_kvroute/stats` | [`RequestStats`] as JSON: generation requests received, completed, aborted, failed, recent `x-request-id`s |
+//!
+//! `/_kvroute/*` is never subject to faults (a stalled engine can be released).
 //!
 //! With [`EngineConfig::kv_events`] set, every step that changed the cache is published by an
 //! [`events::Publisher`] thread in vLLM's wire format.
 //!
-//! Output text is the filler words of [`tokens::OUTPUT_VOCAB`] (Qwen3 ids), deterministic per
-//! (seed, request id); request ids count up from 0 per server in arrival order.
+//! Output text is the filler words of [`tokens::OUTPUT_VOCAB`] (Qwen3 ids), a pure function of
+//! the engine seed and the request, never of arrival order or timing
+//! ([`tokens::OutputStream`]): completions and `/generate` key it on the prompt ids
+//! ([`tokens::prompt_stream`]), chats on their `messages`, `tools` and `chat_template_kwargs`
+//! ([`tokens::keyed_stream`]), both salted with the request's `seed` field. A request re-sent
+//! with the K tokens it had produced appended (completions: to the prompt; `/generate`: to
+//! `input_ids`; chat: as a final assistant message with `continue_final_message: true,
+//! add_generation_prompt: false`, vLLM's parameters) continues at position K, so the texts
+//! of a cut run and its continuation, concatenated, equal an unbroken run's on any engine with
+//! the same seed. The words re-tokenize to the same ids, so appended text round-trips.
+//!
+//! A chat continuation is rendered as Hugging Face's `apply_chat_template(...,
+//! continue_final_message=True)` does (the tokenizer's renderer has no such switch): the body
+//! is rendered as is, then cut right after the last occurrence of the final message's content
+//! (or, failing that, of its trimmed content), dropping the template's end-of-turn suffix
+//! (`<|im_end|>\n` for Qwen3).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use futures_util::Stream;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
@@ -44,12 +59,12 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use kvroute_tokenize::incremental::DEFAULT_CACHE_TOKENS;
 use kvroute_tokenize::{IncrementalTokenizer, Tokenizer};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::events::{self, PublishMsg, Publisher};
-use super::model::tokens;
+use super::model::tokens::{self, OutputStream};
 use super::model::{EngineCore, EngineError, EngineStats, TokenOut};
-use super::{EngineConfig, defaults};
+use super::{EngineConfig, EngineFaults, defaults};
 
 /// Largest accepted request body, in bytes (a 128 Ki-token prompt is well under 4 MiB).
 const MAX_BODY_BYTES: usize = 64 << 20;
@@ -57,8 +72,132 @@ const MAX_BODY_BYTES: usize = 64 << 20;
 /// Value of the `engine` metric label (data-parallel rank; one rank per server).
 const ENGINE_LABEL: &str = "0";
 
-/// Response body: a full buffer or an SSE stream.
-type Body = UnsyncBoxBody<Bytes, Infallible>;
+/// Header whose values `GET /_kvroute/stats` lists.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Response body: a full buffer or an SSE stream; an error frame kills the connection.
+type Body = UnsyncBoxBody<Bytes, Died>;
+
+/// The `die_after_tokens` fault fired: returned by the service (no response head) or as a
+/// body frame (no more bytes), it makes hyper drop the connection without an HTTP answer.
+#[derive(Debug)]
+struct Died;
+
+impl std::fmt::Display for Died {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("injected fault: die_after_tokens")
+    }
+}
+
+impl std::error::Error for Died {}
+
+/// Counts of generation requests (`/v1/chat/completions`, `/v1/completions`, `/generate`),
+/// served as JSON by `GET /_kvroute/stats` and by [`EngineHandle::request_stats`]. A request
+/// is *received* once its body was read and no stall holds it; it then ends as exactly one of
+/// completed, aborted or failed (so `received − completed − aborted − failed` are in flight).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RequestStats {
+    /// Generation requests received (counted before any fault or validation answers them).
+    pub requests_received: u64,
+    /// Requests answered 200 with every token (the non-streaming body handed to hyper, or a
+    /// stream's last chunk and `[DONE]` produced).
+    pub requests_completed: u64,
+    /// Requests that left before completing: the client went away, or the `die_after_tokens`
+    /// fault killed the connection.
+    pub requests_aborted: u64,
+    /// Requests answered with an error status: 400 (bad input), 404 (unknown model with
+    /// [`EngineConfig::check_model`]), the `status` fault, or 503 from an engine shutting down.
+    pub requests_failed: u64,
+    /// `x-request-id` header values of the most recent received requests, oldest first, at
+    /// most [`defaults::REQUEST_ID_LOG`]; requests without the header add nothing.
+    pub request_ids: Vec<String>,
+}
+
+/// Run-time state shared by the server and its [`EngineHandle`]: fault switches (a watch, so
+/// stalled requests wake when they change) and request counts.
+#[derive(Debug)]
+struct Control {
+    faults: watch::Sender<EngineFaults>,
+    stats: std::sync::Mutex<(RequestStats, VecDeque<String>)>,
+}
+
+impl Control {
+    fn new(faults: EngineFaults) -> Arc<Self> {
+        Arc::new(Self {
+            faults: watch::Sender::new(faults),
+            stats: std::sync::Mutex::new((RequestStats::default(), VecDeque::new())),
+        })
+    }
+
+    fn faults(&self) -> EngineFaults {
+        self.faults.borrow().clone()
+    }
+
+    fn with_stats(&self, f: impl FnOnce(&mut RequestStats, &mut VecDeque<String>)) {
+        let mut g = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let (s, ids) = &mut *g;
+        f(s, ids);
+    }
+
+    fn snapshot(&self) -> RequestStats {
+        let g = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        RequestStats {
+            request_ids: g.1.iter().cloned().collect(),
+            ..g.0.clone()
+        }
+    }
+
+    /// Counts a received request and logs its id; the returned guard counts its outcome.
+    fn receive(self: &Arc<Self>, request_id: Option<String>) -> Outcome {
+        self.with_stats(|s, ids| {
+            s.requests_received += 1;
+            if let Some(id) = request_id {
+                if ids.len() == defaults::REQUEST_ID_LOG {
+                    ids.pop_front();
+                }
+                ids.push_back(id);
+            }
+        });
+        Outcome {
+            control: self.clone(),
+            done: false,
+        }
+    }
+}
+
+/// Outcome of one received request: [`Outcome::completed`] or [`Outcome::failed`], or, when
+/// dropped without either, aborted.
+struct Outcome {
+    control: Arc<Control>,
+    done: bool,
+}
+
+impl Outcome {
+    fn completed(&mut self) {
+        if !std::mem::replace(&mut self.done, true) {
+            self.control.with_stats(|s, _| s.requests_completed += 1);
+        }
+    }
+
+    fn failed(&mut self) {
+        if !std::mem::replace(&mut self.done, true) {
+            self.control.with_stats(|s, _| s.requests_failed += 1);
+        }
+    }
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        if !self.done {
+            self.control.with_stats(|s, _| s.requests_aborted += 1);
+        }
+    }
+}
+
+/// Waits while the `stall` fault is on; false if the engine is gone.
+async fn wait_unstalled(faults: &mut watch::Receiver<EngineFaults>) -> bool {
+    faults.wait_for(|f| !f.stall).await.is_ok()
+}
 
 /// A running engine started by [`spawn`]. Dropping it (or calling [`EngineHandle::shutdown`])
 /// stops the server and joins its thread; in-flight requests are cut.
@@ -72,14 +211,39 @@ pub struct EngineHandle {
     pub kv_replay_endpoint: Option<String>,
     /// Publisher counters when events are on.
     pub kv_stats: Option<Arc<events::PublisherStats>>,
+    control: Arc<Control>,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl EngineHandle {
-    /// Stops the server and waits for its thread to exit.
+    /// Stops the server and waits for its thread to exit: the listener is closed (new
+    /// connections are refused) and in-flight connections are dropped. A new engine can then
+    /// be [`spawn`]ed on the same `addr` (a restart): std's `TcpListener::bind` sets
+    /// `SO_REUSEADDR` on Unix, so connections left in `TIME_WAIT` do not block the port.
     pub fn shutdown(mut self) {
         self.stop();
+    }
+
+    /// The fault switches in force (as `GET /_kvroute/fault`).
+    pub fn faults(&self) -> EngineFaults {
+        self.control.faults()
+    }
+
+    /// Replaces the fault switches (as `POST /_kvroute/fault`); takes effect at once, also for
+    /// in-flight requests (see the fields of [`EngineFaults`]).
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidConfig`] from [`EngineFaults::check`]; the faults are unchanged.
+    pub fn set_faults(&self, faults: EngineFaults) -> Result<(), EngineError> {
+        faults.check()?;
+        self.control.faults.send_replace(faults);
+        Ok(())
+    }
+
+    /// Request counts so far (as `GET /_kvroute/stats`).
+    pub fn request_stats(&self) -> RequestStats {
+        self.control.snapshot()
     }
 
     fn stop(&mut self) {
@@ -114,6 +278,8 @@ pub fn spawn(cfg: EngineConfig, tokenizer: Arc<Tokenizer>) -> std::io::Result<En
     let kv_events_endpoint = publisher.as_ref().map(|p| p.events_endpoint.clone());
     let kv_replay_endpoint = publisher.as_ref().and_then(|p| p.replay_endpoint.clone());
     let kv_stats = publisher.as_ref().map(|p| p.stats.clone());
+    let control = Control::new(cfg.faults.clone());
+    let server_control = control.clone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -132,7 +298,9 @@ pub fn spawn(cfg: EngineConfig, tokenizer: Arc<Tokenizer>) -> std::io::Result<En
                 let stop = async {
                     let _ = rx.await;
                 };
-                if let Err(e) = serve_until(listener, cfg, tokenizer, stop, publisher).await {
+                if let Err(e) =
+                    serve_until(listener, cfg, tokenizer, stop, publisher, server_control).await
+                {
                     tracing::error!(%addr, "engine stopped: {e:#}");
                 }
             });
@@ -142,6 +310,7 @@ pub fn spawn(cfg: EngineConfig, tokenizer: Arc<Tokenizer>) -> std::io::Result<En
         kv_events_endpoint,
         kv_replay_endpoint,
         kv_stats,
+        control,
         shutdown: Some(tx),
         thread: Some(thread),
     })
@@ -160,7 +329,16 @@ pub async fn serve(
     tokenizer: Arc<Tokenizer>,
 ) -> anyhow::Result<()> {
     let publisher = cfg.kv_events.clone().map(Publisher::start).transpose()?;
-    serve_until(listener, cfg, tokenizer, std::future::pending(), publisher).await
+    let control = Control::new(cfg.faults.clone());
+    serve_until(
+        listener,
+        cfg,
+        tokenizer,
+        std::future::pending(),
+        publisher,
+        control,
+    )
+    .await
 }
 
 async fn serve_until(
@@ -169,6 +347,7 @@ async fn serve_until(
     tokenizer: Arc<Tokenizer>,
     stop: impl Future<Output = ()>,
     publisher: Option<Publisher>,
+    control: Arc<Control>,
 ) -> anyhow::Result<()> {
     let core = EngineCore::new(&cfg)?;
     let (tx, rx) = mpsc::unbounded_channel();
@@ -192,6 +371,10 @@ async fn serve_until(
         tokenizer,
         tx,
         next_id: AtomicU64::new(0),
+        control,
+        started_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
     });
     tokio::pin!(stop);
     loop {
@@ -211,7 +394,7 @@ async fn serve_until(
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
                 let shared = shared.clone();
-                async move { Ok::<_, Infallible>(route(shared, req).await) }
+                async move { route(shared, req).await }
             });
             let mut b = http1::Builder::new();
             b.timer(TokioTimer::new()).header_read_timeout(keep_alive);
@@ -276,6 +459,9 @@ struct Shared {
     chat_ids: std::sync::Mutex<IncrementalTokenizer>,
     tx: mpsc::UnboundedSender<Command>,
     next_id: AtomicU64,
+    control: Arc<Control>,
+    /// Unix time the server started, in s (`created` of `/v1/models`).
+    started_unix: u64,
 }
 
 /// Messages from connection tasks to the driver.
@@ -284,6 +470,7 @@ enum Command {
         req_id: u64,
         prompt: Vec<u32>,
         max_tokens: u32,
+        output: OutputStream,
         tokens: mpsc::UnboundedSender<TokenOut>,
         reply: oneshot::Sender<Result<(), EngineError>>,
     },
@@ -370,10 +557,11 @@ fn apply(
             req_id,
             prompt,
             max_tokens,
+            output,
             tokens,
             reply,
         } => {
-            let r = core.add_request(req_id, prompt, max_tokens);
+            let r = core.add_request_stream(req_id, prompt, max_tokens, output);
             if r.is_ok() {
                 streams.insert(req_id, tokens);
             }
@@ -412,11 +600,46 @@ impl Drop for AbortGuard {
     }
 }
 
-async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Died> {
     let path = req.uri().path().to_owned();
-    match (req.method().clone(), path.as_str()) {
-        (Method::GET, "/health") => response(StatusCode::OK, "text/plain", Bytes::new()),
-        (Method::GET, "/v1/models") => json_response(StatusCode::OK, &models_json(&shared.cfg)),
+    let method = req.method().clone();
+    match (&method, path.as_str()) {
+        (&Method::GET, "/_kvroute/fault") => {
+            return Ok(json_response(StatusCode::OK, &faults_json(&shared)));
+        }
+        (&Method::POST, "/_kvroute/fault") => return Ok(set_faults(&shared, req).await),
+        (&Method::GET, "/_kvroute/stats") => {
+            let stats = shared.control.snapshot();
+            return Ok(json_response(StatusCode::OK, &json!(stats)));
+        }
+        (_, "/_kvroute/fault" | "/_kvroute/stats") => {
+            return Ok(error_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed",
+            ));
+        }
+        (&Method::POST, "/v1/chat/completions") => return generate(shared, req, Api::Chat).await,
+        (&Method::POST, "/v1/completions") => return generate(shared, req, Api::Completion).await,
+        (&Method::POST, "/generate") => return generate(shared, req, Api::Sglang).await,
+        _ => {}
+    }
+    // Every other endpoint freezes with the engine.
+    if !wait_unstalled(&mut shared.control.faults.subscribe()).await {
+        return Ok(engine_gone());
+    }
+    Ok(match (method, path.as_str()) {
+        (Method::GET, "/health") => match shared.control.faults().health_status {
+            None => response(StatusCode::OK, "text/plain", Bytes::new()),
+            Some(code) => {
+                let status = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                if status.is_success() {
+                    response(status, "text/plain", Bytes::new())
+                } else {
+                    error_response(status, "injected fault: health_status")
+                }
+            }
+        },
+        (Method::GET, "/v1/models") => json_response(StatusCode::OK, &models_json(&shared)),
         (Method::GET, "/metrics") => match ask(&shared, |reply| Command::Stats { reply }).await {
             Some(s) => response(
                 StatusCode::OK,
@@ -441,9 +664,6 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
                 None => engine_gone(),
             }
         }
-        (Method::POST, "/v1/chat/completions") => generate(shared, req, Api::Chat).await,
-        (Method::POST, "/v1/completions") => generate(shared, req, Api::Completion).await,
-        (Method::POST, "/generate") => generate(shared, req, Api::Sglang).await,
         (
             _,
             "/health"
@@ -455,7 +675,37 @@ async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             | "/generate",
         ) => error_response(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
         _ => error_response(StatusCode::NOT_FOUND, &format!("no route for {path}")),
+    })
+}
+
+/// `GET /_kvroute/fault` body: every field of [`EngineFaults`], `null` when off.
+fn faults_json(shared: &Shared) -> Value {
+    json!(shared.control.faults())
+}
+
+/// `POST /_kvroute/fault`: the body (an [`EngineFaults`] object; missing fields are off)
+/// replaces the faults; answers the new state, or 400 leaving them unchanged.
+async fn set_faults(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
+    let bytes = match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return error_response(StatusCode::BAD_REQUEST, &format!("cannot read body: {e}"));
+        }
+    };
+    let faults: EngineFaults = match serde_json::from_slice(&bytes) {
+        Ok(f) => f,
+        Err(e) => {
+            return error_response(StatusCode::BAD_REQUEST, &format!("invalid faults: {e}"));
+        }
+    };
+    if let Err(e) = faults.check() {
+        return error_response(StatusCode::BAD_REQUEST, &e.to_string());
     }
+    shared.control.faults.send_replace(faults);
+    json_response(StatusCode::OK, &faults_json(shared))
 }
 
 /// Sends a command built around a reply channel and awaits the reply; `None` if the driver
@@ -481,6 +731,8 @@ struct GenRequest {
     max_tokens: u32,
     stream: bool,
     include_usage: bool,
+    /// Where the output comes from (the continuation rule of [`OutputStream`]).
+    output: OutputStream,
 }
 
 /// [`parse_gen_raw`] for a body that has no original bytes (tests): chats are rendered from
@@ -490,6 +742,7 @@ fn parse_gen(tok: &Tokenizer, api: Api, body: &Value) -> Result<GenRequest, Stri
     parse_gen_raw(
         tok,
         None,
+        defaults::SEED,
         api,
         body,
         &serde_json::to_vec(body).unwrap_or_default(),
@@ -499,10 +752,15 @@ fn parse_gen(tok: &Tokenizer, api: Api, body: &Value) -> Result<GenRequest, Stri
 /// Parses a generation body into token ids and options. The error is the 400 message. Chats
 /// are rendered from `raw` (the request bytes) exactly as the router renders them: `tools`,
 /// `chat_template_kwargs` and key order included, and tokenized through `chat_ids` when given
-/// (same ids, reusing a cached prefix).
+/// (same ids, reusing a cached prefix). `seed` is the engine seed (for [`tokens::prompt_stream`]).
+///
+/// A chat with `continue_final_message: true` (which needs `add_generation_prompt: false`, as
+/// in vLLM) is cut after its final message's content (see the module doc) and keyed on the
+/// other messages, continuing at the final content's token count.
 fn parse_gen_raw(
     tok: &Tokenizer,
     chat_ids: Option<&std::sync::Mutex<IncrementalTokenizer>>,
+    seed: u64,
     api: Api,
     body: &Value,
     raw: &[u8],
@@ -520,6 +778,22 @@ fn parse_gen_raw(
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    let bool_field = |name: &str| -> Result<Option<bool>, String> {
+        match obj.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(format!("'{name}' must be a boolean")),
+        }
+    };
+    // OpenAI `seed`: any integer; negative values key by their two's-complement bits.
+    let request_seed = match obj.get("seed") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .or_else(|| v.as_i64().map(|i| i as u64))
+                .ok_or("'seed' must be an integer")?,
+        ),
+    };
     let int_field = |v: Option<&Value>, name: &str| -> Result<Option<u32>, String> {
         match v {
             None | Some(Value::Null) => Ok(None),
@@ -530,15 +804,49 @@ fn parse_gen_raw(
                 .ok_or_else(|| format!("'{name}' must be a non-negative integer")),
         }
     };
-    let (prompt, max_tokens) = match api {
+    let (prompt, max_tokens, output) = match api {
         Api::Chat => {
             let messages = obj.get("messages").ok_or("'messages' is required")?;
-            if !messages.is_array() {
+            let Some(messages) = messages.as_array() else {
                 return Err("'messages' must be an array".into());
+            };
+            let continue_final = bool_field("continue_final_message")?.unwrap_or(false);
+            if continue_final && bool_field("add_generation_prompt")?.unwrap_or(true) {
+                return Err("Cannot set both `continue_final_message` and \
+                            `add_generation_prompt` to True."
+                    .into());
             }
-            let text = tok
+            let mut text = tok
                 .render_chat_body(raw)
                 .map_err(|e| format!("cannot render chat template: {e}"))?;
+            let (identity_messages, generated) = if continue_final {
+                let content = messages
+                    .last()
+                    .and_then(|m| m.get("content"))
+                    .and_then(Value::as_str)
+                    .ok_or("'continue_final_message' needs a final message with string content")?;
+                let cut = match text.rfind(content) {
+                    Some(i) => i + content.len(),
+                    None => {
+                        let trimmed = content.trim();
+                        text.rfind(trimmed)
+                            .map(|i| i + trimmed.len())
+                            .ok_or("cannot find the final message in the rendered prompt")?
+                    }
+                };
+                text.truncate(cut);
+                (&messages[..messages.len() - 1], Some(content))
+            } else {
+                (&messages[..], None)
+            };
+            let identity = json!([
+                identity_messages,
+                obj.get("tools"),
+                obj.get("chat_template_kwargs")
+            ])
+            .to_string();
+            let start = generated.map_or(0, |c| tok.encode(c).len() as u32);
+            let output = tokens::keyed_stream(request_seed, identity.as_bytes(), start);
             let max = match int_field(obj.get("max_completion_tokens"), "max_completion_tokens")? {
                 Some(m) => Some(m),
                 None => int_field(obj.get("max_tokens"), "max_tokens")?,
@@ -553,7 +861,7 @@ fn parse_gen_raw(
                 }
                 None => tok.encode(&text),
             };
-            (ids, max)
+            (ids, max, output)
         }
         Api::Completion => {
             let prompt = match obj.get("prompt") {
@@ -564,7 +872,12 @@ fn parse_gen_raw(
                 Some(Value::Array(a)) => token_ids(a, "prompt")?,
                 _ => return Err("'prompt' must be a string or a list of token ids".into()),
             };
-            (prompt, int_field(obj.get("max_tokens"), "max_tokens")?)
+            let output = tokens::prompt_stream(seed, request_seed, &prompt);
+            (
+                prompt,
+                int_field(obj.get("max_tokens"), "max_tokens")?,
+                output,
+            )
         }
         Api::Sglang => {
             let prompt = match (obj.get("input_ids"), obj.get("text")) {
@@ -577,7 +890,8 @@ fn parse_gen_raw(
                     .and_then(|s| s.get("max_new_tokens")),
                 "sampling_params.max_new_tokens",
             )?;
-            (prompt, max)
+            let output = tokens::prompt_stream(seed, request_seed, &prompt);
+            (prompt, max, output)
         }
     };
     Ok(GenRequest {
@@ -585,6 +899,7 @@ fn parse_gen_raw(
         max_tokens: max_tokens.unwrap_or(defaults::MAX_TOKENS),
         stream,
         include_usage,
+        output,
     })
 }
 
@@ -595,30 +910,76 @@ fn token_ids(a: &[Value], name: &str) -> Result<Vec<u32>, String> {
         .ok_or_else(|| format!("'{name}' must be a list of token ids"))
 }
 
-async fn generate(shared: Arc<Shared>, req: Request<Incoming>, api: Api) -> Response<Body> {
+/// Serves one generation request: read the body, wait out a stall, count it received, then
+/// apply the `status` fault, validation, the model check and the `die_after_tokens` fault.
+async fn generate(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    api: Api,
+) -> Result<Response<Body>, Died> {
+    let request_id = req
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let bytes = match Limited::new(req.into_body(), MAX_BODY_BYTES)
         .collect()
         .await
     {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            return error_response(StatusCode::BAD_REQUEST, &format!("cannot read body: {e}"));
+            return Ok(error_response(
+                StatusCode::BAD_REQUEST,
+                &format!("cannot read body: {e}"),
+            ));
         }
     };
+    let mut faults = shared.control.faults.subscribe();
+    if !wait_unstalled(&mut faults).await {
+        return Ok(engine_gone());
+    }
+    let mut outcome = shared.control.receive(request_id);
+    let fail = |outcome: &mut Outcome, r: Response<Body>| {
+        outcome.failed();
+        Ok(r)
+    };
+    let now = shared.control.faults();
+    if let Some(code) = now.status {
+        return fail(&mut outcome, fault_status_response(code, now.retry_after_s));
+    }
     let body: Value = match serde_json::from_slice(&bytes) {
         Ok(v) => v,
-        Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}")),
+        Err(e) => {
+            let r = error_response(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}"));
+            return fail(&mut outcome, r);
+        }
     };
+    if shared.cfg.check_model
+        && let Some(model) = body.get("model")
+    {
+        match model.as_str() {
+            Some(m) if m == shared.cfg.model_name => {}
+            Some(m) => return fail(&mut outcome, model_not_found(m)),
+            None => {
+                let r = error_response(StatusCode::BAD_REQUEST, "'model' must be a string");
+                return fail(&mut outcome, r);
+            }
+        }
+    }
     let gen_req = match parse_gen_raw(
         &shared.tokenizer,
         Some(&shared.chat_ids),
+        shared.cfg.seed,
         api,
         &body,
         &bytes,
     ) {
         Ok(g) => g,
-        Err(msg) => return error_response(StatusCode::BAD_REQUEST, &msg),
+        Err(msg) => return fail(&mut outcome, error_response(StatusCode::BAD_REQUEST, &msg)),
     };
+    // Dies at 0 tokens: before the response head, without running the request.
+    if gen_req.max_tokens > 0 && shared.control.faults().die_after_tokens == Some(0) {
+        return Err(Died);
+    }
     let req_id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let (tok_tx, tok_rx) = mpsc::unbounded_channel();
     let (reply_tx, reply_rx) = oneshot::channel();
@@ -627,11 +988,12 @@ async fn generate(shared: Arc<Shared>, req: Request<Incoming>, api: Api) -> Resp
         req_id,
         prompt: gen_req.prompt,
         max_tokens: gen_req.max_tokens,
+        output: gen_req.output,
         tokens: tok_tx,
         reply: reply_tx,
     };
     if shared.tx.send(add).is_err() {
-        return engine_gone();
+        return fail(&mut outcome, engine_gone());
     }
     let mut guard = AbortGuard {
         req_id,
@@ -642,9 +1004,12 @@ async fn generate(shared: Arc<Shared>, req: Request<Incoming>, api: Api) -> Resp
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
             guard.armed = false;
-            return error_response(StatusCode::BAD_REQUEST, &e.to_string());
+            return fail(
+                &mut outcome,
+                error_response(StatusCode::BAD_REQUEST, &e.to_string()),
+            );
         }
-        Err(_) => return engine_gone(),
+        Err(_) => return fail(&mut outcome, engine_gone()),
     }
     let fmt = Formatter {
         api,
@@ -662,13 +1027,17 @@ async fn generate(shared: Arc<Shared>, req: Request<Incoming>, api: Api) -> Resp
         prompt_tokens,
     };
     if gen_req.stream {
-        let stream = SseStream {
+        let state = SseState {
             rx: tok_rx,
             guard,
             fmt,
             acc: Accumulated::default(),
+            faults,
+            outcome,
             done: false,
+            dying: false,
         };
+        let stream = futures_util::stream::unfold(state, next_sse);
         let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
         let h = resp.headers_mut();
         h.insert(
@@ -679,23 +1048,43 @@ async fn generate(shared: Arc<Shared>, req: Request<Incoming>, api: Api) -> Resp
             header::CACHE_CONTROL,
             header::HeaderValue::from_static("no-cache"),
         );
-        return resp;
+        return Ok(resp);
     }
     let mut rx = tok_rx;
     let mut acc = Accumulated::default();
     let mut finish = None;
     while let Some(t) = rx.recv().await {
+        // Dropping `guard` and `outcome` on the way out aborts and counts the request.
+        if past_die_point(&faults, &acc) {
+            return Err(Died);
+        }
         acc.push(&t);
         if t.finish.is_some() {
             finish = t.finish;
             break;
         }
+        if past_die_point(&faults, &acc) {
+            return Err(Died);
+        }
     }
     guard.armed = false;
     if finish.is_none() {
-        return engine_gone();
+        return fail(&mut outcome, engine_gone());
     }
-    json_response(StatusCode::OK, &fmt.full_response(&acc))
+    if !wait_unstalled(&mut faults).await {
+        return fail(&mut outcome, engine_gone());
+    }
+    outcome.completed();
+    Ok(json_response(StatusCode::OK, &fmt.full_response(&acc)))
+}
+
+/// True when `die_after_tokens` is set and `acc` already holds at least that many tokens
+/// (the caller checks it for an unfinished request only).
+fn past_die_point(faults: &watch::Receiver<EngineFaults>, acc: &Accumulated) -> bool {
+    faults
+        .borrow()
+        .die_after_tokens
+        .is_some_and(|n| acc.token_ids.len() >= n as usize)
 }
 
 /// What a request produced so far.
@@ -831,61 +1220,83 @@ fn sse(out: &mut String, v: &Value) {
     out.push_str("\n\n");
 }
 
-/// Streaming response body: every token available when polled becomes SSE events in one
-/// frame. Dropped early (client gone) → its [`AbortGuard`] aborts the request.
-struct SseStream {
+/// State of a streaming response body ([`next_sse`] unfolds it). Dropped early (client gone,
+/// or the connection killed by a fault) → its [`AbortGuard`] aborts the request and its
+/// [`Outcome`] counts it aborted.
+struct SseState {
     rx: mpsc::UnboundedReceiver<TokenOut>,
     guard: AbortGuard,
     fmt: Formatter,
     acc: Accumulated,
+    faults: watch::Receiver<EngineFaults>,
+    outcome: Outcome,
     done: bool,
+    /// `die_after_tokens` fired: the next frame is the error that kills the connection.
+    dying: bool,
 }
 
-impl Stream for SseStream {
-    type Item = Result<Frame<Bytes>, Infallible>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        if this.done {
-            return Poll::Ready(None);
+/// Next frame of a streaming body: every token available becomes SSE events in one frame,
+/// held while the `stall` fault is on; after a `die_after_tokens` cut, an error frame.
+async fn next_sse(mut st: SseState) -> Option<(Result<Frame<Bytes>, Died>, SseState)> {
+    if st.done {
+        return None;
+    }
+    if st.dying {
+        // Pending once, so hyper flushes the frames already written before the error drops
+        // the connection.
+        tokio::task::yield_now().await;
+        st.done = true;
+        return Some((Err(Died), st));
+    }
+    let mut batch = Vec::new();
+    match st.rx.recv().await {
+        Some(t) => batch.push(t),
+        // Driver gone: end the stream without [DONE] (a cut stream).
+        None => return None,
+    }
+    if !wait_unstalled(&mut st.faults).await {
+        return None;
+    }
+    while let Ok(t) = st.rx.try_recv() {
+        batch.push(t);
+    }
+    let mut out = String::new();
+    for t in batch {
+        if past_die_point(&st.faults, &st.acc) {
+            st.dying = true;
+            break;
         }
-        let mut out = String::new();
-        loop {
-            match this.rx.poll_recv(cx) {
-                Poll::Ready(Some(t)) => {
-                    let first = this.acc.token_ids.is_empty();
-                    let piece = this.acc.push(&t);
-                    this.fmt.token_events(&this.acc, &piece, first, &mut out);
-                    if t.finish.is_some() {
-                        this.guard.armed = false;
-                        this.done = true;
-                        break;
-                    }
-                }
-                // Driver gone: end the stream without [DONE] (a cut stream).
-                Poll::Ready(None) => {
-                    this.done = true;
-                    break;
-                }
-                Poll::Pending => break,
-            }
+        let first = st.acc.token_ids.is_empty();
+        let piece = st.acc.push(&t);
+        st.fmt.token_events(&st.acc, &piece, first, &mut out);
+        if t.finish.is_some() {
+            st.guard.armed = false;
+            st.outcome.completed();
+            st.done = true;
+            break;
         }
-        if out.is_empty() {
-            if this.done {
-                Poll::Ready(None)
-            } else {
-                Poll::Pending
-            }
-        } else {
-            Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))))
+        if past_die_point(&st.faults, &st.acc) {
+            st.dying = true;
+            break;
         }
     }
+    if out.is_empty() {
+        // Died before this batch's first token.
+        tokio::task::yield_now().await;
+        st.done = true;
+        return Some((Err(Died), st));
+    }
+    Some((Ok(Frame::data(Bytes::from(out))), st))
 }
 
-fn models_json(cfg: &EngineConfig) -> Value {
+/// `GET /v1/models` in the OpenAI list shape with vLLM's extra fields (`root`, `parent`,
+/// `max_model_len`); `created` is the server's start time.
+fn models_json(shared: &Shared) -> Value {
+    let cfg = &shared.cfg;
     json!({"object": "list", "data": [{
-        "id": cfg.model_name, "object": "model", "created": 0, "owned_by": "vllm",
-        "root": cfg.model_name, "parent": null, "max_model_len": cfg.max_model_len,
+        "id": cfg.model_name, "object": "model", "created": shared.started_unix,
+        "owned_by": "vllm", "root": cfg.model_name, "parent": null,
+        "max_model_len": cfg.max_model_len,
     }]})
 }
 
@@ -956,7 +1367,11 @@ pub fn render_metrics(model_name: &str, s: &EngineStats) -> String {
 }
 
 fn response(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
-    let mut r = Response::new(Full::new(body).boxed_unsync());
+    let mut r = Response::new(
+        Full::new(body)
+            .map_err(|never: Infallible| match never {})
+            .boxed_unsync(),
+    );
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -980,6 +1395,43 @@ fn error_response(status: StatusCode, message: &str) -> Response<Body> {
         status,
         &json!({"error": {"message": message, "type": kind, "code": status.as_u16()}}),
     )
+}
+
+/// vLLM's answer to a request for a model it does not serve.
+fn model_not_found(model: &str) -> Response<Body> {
+    json_response(
+        StatusCode::NOT_FOUND,
+        &json!({"error": {"message": format!("The model `{model}` does not exist."),
+                          "type": "NotFoundError", "code": 404}}),
+    )
+}
+
+/// The `status` fault's answer: `code` with an OpenAI error body whose `type` is the
+/// openai-python exception class for that status (`RateLimitError` for 429,
+/// `InternalServerError` for 5xx, …), plus `Retry-After: retry_after_s` when given.
+fn fault_status_response(code: u16, retry_after_s: Option<u32>) -> Response<Body> {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let kind = match code {
+        400 => "BadRequestError",
+        401 => "AuthenticationError",
+        403 => "PermissionDeniedError",
+        404 => "NotFoundError",
+        409 => "ConflictError",
+        422 => "UnprocessableEntityError",
+        429 => "RateLimitError",
+        500.. => "InternalServerError",
+        _ => "APIStatusError",
+    };
+    let mut r = json_response(
+        status,
+        &json!({"error": {"message": format!("injected fault: status {code}"),
+                          "type": kind, "code": code}}),
+    );
+    if let Some(s) = retry_after_s {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from(s));
+    }
+    r
 }
 
 fn engine_gone() -> Response<Body> {
@@ -1007,8 +1459,8 @@ mod tests {
             text.push_str(" and the next section of it with more words");
             let body = json!({"messages": [{"role": "user", "content": text}]});
             let raw = serde_json::to_vec(&body).unwrap();
-            let cached = parse_gen_raw(tok(), Some(&inc), Api::Chat, &body, &raw).unwrap();
-            let full = parse_gen_raw(tok(), None, Api::Chat, &body, &raw).unwrap();
+            let cached = parse_gen_raw(tok(), Some(&inc), 0, Api::Chat, &body, &raw).unwrap();
+            let full = parse_gen_raw(tok(), None, 0, Api::Chat, &body, &raw).unwrap();
             assert_eq!(cached.prompt, full.prompt, "turn {turn}");
         }
         assert!(
@@ -1022,7 +1474,7 @@ mod tests {
         let body = json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
             "messages": [{"role": "user", "content": "Hello"}]});
         let raw = serde_json::to_vec(&body).unwrap();
-        let with_tools = parse_gen_raw(tok(), None, Api::Chat, &body, &raw).unwrap();
+        let with_tools = parse_gen_raw(tok(), None, 0, Api::Chat, &body, &raw).unwrap();
         let plain = parse_gen(
             tok(),
             Api::Chat,

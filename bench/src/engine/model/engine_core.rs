@@ -5,7 +5,7 @@
 use super::blocks::{BlockEvent, BlockManager};
 use super::scheduler::{Request, Scheduler, SchedulerConfig};
 use super::timing::TimingModel;
-use super::tokens::output_token;
+use super::tokens::{OutputStream, output_token};
 use crate::engine::EngineConfig;
 
 /// Why the engine refused a configuration, a request or an admin call.
@@ -152,6 +152,9 @@ pub struct EngineCore {
     num_gpu_blocks: usize,
     max_model_len: usize,
     pending_events: Vec<BlockEvent>,
+    /// Output streams of requests added with [`Self::add_request_stream`]; others use
+    /// `(req_id, 0)`.
+    streams: std::collections::HashMap<u64, OutputStream>,
 }
 
 impl EngineCore {
@@ -160,7 +163,8 @@ impl EngineCore {
     /// # Errors
     /// [`EngineError::InvalidConfig`] when `block_size`, `num_gpu_blocks`, `max_num_seqs`,
     /// `max_num_batched_tokens` or `max_model_len` is 0, `watermark` is outside `[0, 1)`, or
-    /// a speedup ratio is negative or not finite.
+    /// a speedup ratio is negative or not finite; or the field
+    /// [`EngineFaults::check`](crate::engine::EngineFaults::check) names.
     pub fn new(cfg: &EngineConfig) -> Result<Self, EngineError> {
         let bad = |field| Err(EngineError::InvalidConfig { field });
         if cfg.block_size == 0 {
@@ -187,6 +191,7 @@ impl EngineCore {
         if !(cfg.decode_speedup_ratio.is_finite() && cfg.decode_speedup_ratio >= 0.0) {
             return bad("decode_speedup_ratio");
         }
+        cfg.faults.check()?;
         let sched_cfg = SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,
@@ -206,11 +211,33 @@ impl EngineCore {
             num_gpu_blocks: cfg.num_gpu_blocks,
             max_model_len: cfg.max_model_len,
             pending_events: Vec::new(),
+            streams: std::collections::HashMap::new(),
         })
     }
 
     /// Queues request `req_id` with prompt token ids `prompt`, producing exactly `max_tokens`
-    /// output tokens (finish reason `length`).
+    /// output tokens (finish reason `length`): token `j` is
+    /// [`output_token`]`(seed, req_id, j)`. See [`Self::add_request_stream`] for the errors.
+    ///
+    /// # Errors
+    /// As [`Self::add_request_stream`].
+    pub fn add_request(
+        &mut self,
+        req_id: u64,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+    ) -> Result<(), EngineError> {
+        let stream = OutputStream {
+            key: req_id,
+            start: 0,
+        };
+        self.add_request_stream(req_id, prompt, max_tokens, stream)
+    }
+
+    /// Queues request `req_id` with prompt token ids `prompt`, producing exactly `max_tokens`
+    /// output tokens (finish reason `length`): token `j` is
+    /// [`output_token`]`(seed, stream.key, stream.start + j)` (the continuation rule of
+    /// [`OutputStream`]).
     ///
     /// # Errors
     /// - [`EngineError::EmptyPrompt`]: `prompt` is empty.
@@ -218,11 +245,12 @@ impl EngineCore {
     /// - [`EngineError::ZeroMaxTokens`]: `max_tokens == 0`.
     /// - [`EngineError::ExceedsKvCapacity`]: prompt + output needs more blocks than exist.
     /// - [`EngineError::DuplicateRequest`]: `req_id` is still in the engine.
-    pub fn add_request(
+    pub fn add_request_stream(
         &mut self,
         req_id: u64,
         prompt: Vec<u32>,
         max_tokens: u32,
+        stream: OutputStream,
     ) -> Result<(), EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -249,12 +277,16 @@ impl EngineCore {
         }
         self.sched
             .enqueue(Request::new(req_id, prompt, max_tokens, self.block_size));
+        if stream.key != req_id || stream.start != 0 {
+            self.streams.insert(req_id, stream);
+        }
         Ok(())
     }
 
     /// Removes `req_id` (client disconnected), releasing its blocks tail first. Returns false
     /// if the request is unknown (already finished or never added). Emits no event.
     pub fn abort(&mut self, req_id: u64) -> bool {
+        self.streams.remove(&req_id);
         self.sched.remove(req_id).is_some()
     }
 
@@ -287,8 +319,19 @@ impl EngineCore {
                 prompt_tokens: req.prompt_len as u32,
                 cached_tokens: req.cached_tokens.unwrap_or(0) as u32,
             });
-            let token_id = output_token(self.seed, s.req_id, index);
+            let stream = self
+                .streams
+                .get(&s.req_id)
+                .copied()
+                .unwrap_or(OutputStream {
+                    key: s.req_id,
+                    start: 0,
+                });
+            let token_id = output_token(self.seed, stream.key, stream.start.wrapping_add(index));
             let finished = self.sched.append_output(s.req_id, token_id);
+            if finished {
+                self.streams.remove(&s.req_id);
+            }
             outputs.push((
                 s.req_id,
                 TokenOut {

@@ -276,30 +276,129 @@ pub fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Index into [`OUTPUT_VOCAB`] of output token `index` (0-based) of request `req_id` under
-/// `seed`: SplitMix64 seeded with `seed`, re-keyed by `req_id` then `index`. Depends on
-/// nothing else, so preemption, batching and timing never change a request's output.
-pub fn output_word(seed: u64, req_id: u64, index: u32) -> usize {
+/// Index into [`OUTPUT_VOCAB`] of the output token at generation position `position` of the
+/// output stream `stream` under engine seed `seed`: SplitMix64 seeded with `seed`, re-keyed by
+/// `stream` then `position`. Depends on nothing else, so preemption, batching and timing never
+/// change a request's output. [`super::EngineCore::add_request`] uses the request id as the
+/// stream; the HTTP server uses [`OutputStream`]s derived from the request.
+pub fn output_word(seed: u64, stream: u64, position: u32) -> usize {
     let mut s = seed;
     let a = splitmix64(&mut s);
-    let mut s = a ^ req_id;
+    let mut s = a ^ stream;
     let b = splitmix64(&mut s);
-    let mut s = b ^ u64::from(index);
+    let mut s = b ^ u64::from(position);
     (splitmix64(&mut s) % OUTPUT_VOCAB.len() as u64) as usize
 }
 
-/// Token id of output token `index` of request `req_id` (see [`output_word`]).
-pub fn output_token(seed: u64, req_id: u64, index: u32) -> u32 {
-    OUTPUT_VOCAB[output_word(seed, req_id, index)].0
+/// Token id at position `position` of output stream `stream` (see [`output_word`]).
+pub fn output_token(seed: u64, stream: u64, position: u32) -> u32 {
+    OUTPUT_VOCAB[output_word(seed, stream, position)].0
 }
 
-/// Text of output token `index` of request `req_id`: its word with a leading space, e.g.
+/// Text at position `position` of output stream `stream`: its word with a leading space, e.g.
 /// `" the"`; equals the tokenizer's decoding of [`output_token`].
-pub fn output_text(seed: u64, req_id: u64, index: u32) -> &'static str {
+pub fn output_text(seed: u64, stream: u64, position: u32) -> &'static str {
     // Every entry is ASCII, so slicing the static word list is safe; build " word" once.
     static SPACED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     let spaced = SPACED.get_or_init(|| OUTPUT_VOCAB.iter().map(|(_, w)| format!(" {w}")).collect());
-    &spaced[output_word(seed, req_id, index)]
+    &spaced[output_word(seed, stream, position)]
+}
+
+/// True when `id` is one of the [`OUTPUT_VOCAB`] ids.
+pub fn is_output_token(id: u32) -> bool {
+    OUTPUT_VOCAB.binary_search_by_key(&id, |(i, _)| *i).is_ok()
+}
+
+/// Where a request's output comes from: output token `j` of the request is
+/// [`output_token`]`(seed, key, start + j)`.
+///
+/// **Continuation rule.** The key never depends on text the engine generated, and `start`
+/// counts the generated tokens a continuation request carries, so a request cut after K tokens
+/// and re-sent with those K tokens appended (to the prompt, or as the final assistant message
+/// with `continue_final_message`) to any engine with the same seed continues the same
+/// sequence: the concatenated texts equal one unbroken run's. See [`prompt_stream`] (prompt
+/// ids: completions, `/generate`) and [`keyed_stream`] (chat).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputStream {
+    /// Generator key (second argument of [`output_token`]).
+    pub key: u64,
+    /// Generation position of the request's first output token.
+    pub start: u32,
+}
+
+/// Chains `x` into the key `h` (one SplitMix64 step of `h ^ x`).
+fn mix(h: u64, x: u64) -> u64 {
+    let mut s = h ^ x;
+    splitmix64(&mut s)
+}
+
+/// Key of a stream before any prompt token: mixes the request's optional `seed` field, so the
+/// same prompt with another seed gives another output. `None` and `Some(_)` never collide.
+fn salt_key(request_seed: Option<u64>) -> u64 {
+    match request_seed {
+        None => mix(0, 0x6B76_726F_7574_6500), // "kvroute\0"
+        Some(s) => mix(mix(1, 0x6B76_726F_7574_6501), s),
+    }
+}
+
+/// The output stream of a request whose prompt is `ids` (completions with text or ids,
+/// `/generate`), for engine seed `seed` and the request's `seed` field `request_seed`.
+///
+/// Rule: for a root length r, let `key(r)` chain the salt (from `request_seed`) and
+/// `ids[..r]`. The request continues at `start = K`, the largest k < `ids.len()` such that the
+/// last k ids are exactly positions `0..k` of the stream `key(n − k)` (n = `ids.len()`), with
+/// `key = key(n − K)`; K = 0 (the whole prompt is the root) when no tail matches. A prompt
+/// that is another request's prompt plus the K tokens that request produced therefore gets
+/// that request's key and `start = K` (the request's own K was maximal, so no longer tail can
+/// match). Cost: O(n) hashing plus, for each candidate in the trailing run of
+/// [`OUTPUT_VOCAB`] ids, a check that almost always fails at its first token.
+pub fn prompt_stream(seed: u64, request_seed: Option<u64>, ids: &[u32]) -> OutputStream {
+    let n = ids.len();
+    let tail = ids
+        .iter()
+        .rev()
+        .take_while(|&&t| is_output_token(t))
+        .count()
+        .min(n.saturating_sub(1));
+    let mut h = salt_key(request_seed);
+    for &t in &ids[..n - tail] {
+        h = mix(h, u64::from(t));
+    }
+    // keys[j] = key(n − tail + j).
+    let mut keys = Vec::with_capacity(tail + 1);
+    keys.push(h);
+    for &t in &ids[n - tail..] {
+        h = mix(h, u64::from(t));
+        keys.push(h);
+    }
+    for k in (1..=tail).rev() {
+        let key = keys[tail - k];
+        let generated = &ids[n - k..];
+        if generated
+            .iter()
+            .zip(0u32..)
+            .all(|(&t, i)| output_token(seed, key, i) == t)
+        {
+            return OutputStream {
+                key,
+                start: k as u32,
+            };
+        }
+    }
+    OutputStream {
+        key: keys[tail],
+        start: 0,
+    }
+}
+
+/// The output stream of a request identified by `identity` (bytes that do not contain
+/// generated text, e.g. a chat's messages without the continued final message) that already
+/// carries `start` generated tokens; `request_seed` as in [`prompt_stream`].
+pub fn keyed_stream(request_seed: Option<u64>, identity: &[u8], start: u32) -> OutputStream {
+    OutputStream {
+        key: mix(salt_key(request_seed), xxhash_rust::xxh3::xxh3_64(identity)),
+        start,
+    }
 }
 
 /// Text of all output tokens with ids `token_ids` (each from [`OUTPUT_VOCAB`]); unknown ids
@@ -345,5 +444,38 @@ mod tests {
         );
         let text: String = (0..50).map(|i| output_text(7, 3, i)).collect();
         assert_eq!(decode_output(&a), text);
+    }
+
+    /// A prompt that is another prompt plus the first K tokens of its output continues at K
+    /// with the same key; a prompt with an unrelated vocabulary tail does not.
+    #[test]
+    fn prompt_stream_finds_the_generated_tail() {
+        let prompt: Vec<u32> = (5000..5100).collect();
+        for request_seed in [None, Some(9)] {
+            let s0 = prompt_stream(7, request_seed, &prompt);
+            assert_eq!(s0.start, 0);
+            let out: Vec<u32> = (0..40).map(|i| output_token(7, s0.key, i)).collect();
+            for k in [1usize, 15, 39] {
+                let mut cont = prompt.clone();
+                cont.extend_from_slice(&out[..k]);
+                let s = prompt_stream(7, request_seed, &cont);
+                assert_eq!((s.key, s.start), (s0.key, k as u32), "k={k}");
+            }
+            // Another engine seed does not recognise the tail.
+            let mut cont = prompt.clone();
+            cont.extend_from_slice(&out[..15]);
+            assert_eq!(prompt_stream(8, request_seed, &cont).start, 0);
+        }
+        assert_ne!(
+            prompt_stream(7, None, &prompt).key,
+            prompt_stream(7, Some(0), &prompt).key
+        );
+        // The prompt's tail is vocabulary words, but not this stream's: start stays 0.
+        let mut words = prompt.clone();
+        words.extend(OUTPUT_VOCAB[..20].iter().map(|(id, _)| *id));
+        assert_eq!(prompt_stream(7, None, &words).start, 0);
+        // A prompt made only of one generated token is its own root (k < n).
+        assert_eq!(prompt_stream(7, None, &[279]).start, 0);
+        assert_eq!(prompt_stream(7, None, &[]).start, 0);
     }
 }
