@@ -226,6 +226,11 @@ pub fn parse_response_head(
         Err(httparse::Error::TooManyHeaders) => return Err(HttpError::HeadTooLarge),
         Err(_) => return Err(HttpError::Malformed("invalid response head")),
     };
+    // As for requests: a complete head over the limit is refused too, not only a partial one
+    // (fuzz find: a 2,102-byte head passed a 2,048-byte limit when it came in one read).
+    if len > max_head_bytes {
+        return Err(HttpError::HeadTooLarge);
+    }
     let status = resp.code.unwrap_or(0);
     // RFC 9110 §15: valid codes are 100..=599. One below 100 ("HTTP/1.1 053", found by
     // fuzzing) would be relayed as a status line without its three digits.
@@ -575,6 +580,21 @@ mod tests {
         write_response_head(&mut out, 599, "", &[], Framing::Length(0), &[]);
         let (h, _) = parse_response_head(&out, "POST", 65536).unwrap().unwrap();
         assert_eq!((h.status, h.framing), (599, Framing::Length(0)));
+    }
+
+    /// Fuzz find: a complete response head longer than `max_head_bytes` was accepted when it
+    /// arrived in one read (only a partial one was refused).
+    #[test]
+    fn complete_response_head_over_limit_is_refused() {
+        let raw = format!("HTTP/1.1 200 OK\r\nx-pad: {}\r\n\r\n", "a".repeat(100));
+        assert!(matches!(
+            parse_response_head(raw.as_bytes(), "POST", 64),
+            Err(HttpError::HeadTooLarge)
+        ));
+        let (_, len) = parse_response_head(raw.as_bytes(), "POST", raw.len())
+            .unwrap()
+            .unwrap();
+        assert_eq!(len, raw.len());
     }
 
     fn encode_chunked(parts: &[Vec<u8>]) -> Vec<u8> {
