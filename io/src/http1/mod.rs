@@ -209,7 +209,8 @@ pub fn parse_request_head(
 /// caller skips them.
 ///
 /// # Errors
-/// [`HttpError::Malformed`] for an invalid head or framing; [`HttpError::HeadTooLarge`] for
+/// [`HttpError::Malformed`] for an invalid head, a status below 100, or bad framing;
+/// [`HttpError::HeadTooLarge`] for
 /// too many header lines or a head over `max_head_bytes`.
 pub fn parse_response_head(
     buf: &[u8],
@@ -227,7 +228,17 @@ pub fn parse_response_head(
         Err(httparse::Error::TooManyHeaders) => return Err(HttpError::HeadTooLarge),
         Err(_) => return Err(HttpError::Malformed("invalid response head")),
     };
+    // As for requests: a complete head over the limit is refused too, not only a partial one
+    // (fuzz find: a 2,102-byte head passed a 2,048-byte limit when it came in one read).
+    if len > max_head_bytes {
+        return Err(HttpError::HeadTooLarge);
+    }
     let status = resp.code.unwrap_or(0);
+    // RFC 9110 §15: valid codes are 100..=599. One below 100 ("HTTP/1.1 053", found by
+    // fuzzing) would be relayed as a status line without its three digits.
+    if status < 100 {
+        return Err(HttpError::Malformed("invalid response status"));
+    }
     let minor_version = resp.version.unwrap_or(1);
     let headers = collect_headers(resp.headers);
     let (framing, keep_alive) = framing_of(&headers, minor_version)?;
@@ -555,6 +566,39 @@ mod tests {
         let raw = b"HTTP/1.1 204 No Content\r\n\r\n";
         let (h, _) = parse_response_head(raw, "POST", 65536).unwrap().unwrap();
         assert_eq!(h.framing, Framing::Empty);
+    }
+
+    /// Fuzz find: a status below 100 parsed, and `write_response_head` then relayed it as
+    /// `HTTP/1.1 53 ...`, which no client parses.
+    #[test]
+    fn response_status_below_100_is_refused() {
+        let raw = b"HTTP/1.1 053 Service\r\ncontent-length: 2\r\n\r\n{}";
+        assert!(matches!(
+            parse_response_head(raw, "POST", 65536),
+            Err(HttpError::Malformed("invalid response status"))
+        ));
+        let raw = b"HTTP/1.1 100 Continue\r\n\r\n";
+        let (h, len) = parse_response_head(raw, "POST", 65536).unwrap().unwrap();
+        assert_eq!((h.status, h.framing, len), (100, Framing::Empty, raw.len()));
+        let mut out = Vec::new();
+        write_response_head(&mut out, 599, "", &[], Framing::Length(0), &[]);
+        let (h, _) = parse_response_head(&out, "POST", 65536).unwrap().unwrap();
+        assert_eq!((h.status, h.framing), (599, Framing::Length(0)));
+    }
+
+    /// Fuzz find: a complete response head longer than `max_head_bytes` was accepted when it
+    /// arrived in one read (only a partial one was refused).
+    #[test]
+    fn complete_response_head_over_limit_is_refused() {
+        let raw = format!("HTTP/1.1 200 OK\r\nx-pad: {}\r\n\r\n", "a".repeat(100));
+        assert!(matches!(
+            parse_response_head(raw.as_bytes(), "POST", 64),
+            Err(HttpError::HeadTooLarge)
+        ));
+        let (_, len) = parse_response_head(raw.as_bytes(), "POST", raw.len())
+            .unwrap()
+            .unwrap();
+        assert_eq!(len, raw.len());
     }
 
     fn encode_chunked(parts: &[Vec<u8>]) -> Vec<u8> {
