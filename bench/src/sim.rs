@@ -27,10 +27,10 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use kvroute_core::config::{Config, PolicyKind};
 use kvroute_core::events::{Consumer, EventIndex, Input, StreamId, Tier};
-use kvroute_core::workers::LoadGuard;
 use kvroute_core::metrics::HitTokens;
 use kvroute_core::policy::{Reason, Router, Snapshot};
 use kvroute_core::route_key::RouteKey;
+use kvroute_core::workers::LoadGuard;
 use kvroute_core::workers::Workers;
 use rand::SeedableRng;
 use rand::rngs::StdRng;

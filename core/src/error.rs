@@ -36,7 +36,9 @@ pub enum CoreError {
         url: String,
     },
     /// The admin API listens beyond loopback without `admin_api_key`.
-    #[error("config: `admin_listen` {listen} is not loopback: set `admin_api_key` (--admin-api-key)")]
+    #[error(
+        "config: `admin_listen` {listen} is not loopback: set `admin_api_key` (--admin-api-key)"
+    )]
     AdminKeyRequired {
         /// The address given.
         listen: String,

@@ -321,7 +321,9 @@ impl RetryBudget {
     /// Takes one retry; false when the budget is spent (the retry must not happen).
     pub fn try_withdraw(&self) -> bool {
         self.milli
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| m.checked_sub(1000))
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                m.checked_sub(1000)
+            })
             .is_ok()
     }
 
@@ -439,7 +441,10 @@ mod tests {
             for _ in 0..200 {
                 let want = d[k as usize - 1] as f64;
                 let got = j.delay_ms(k, &mut rng) as f64;
-                assert!(got >= (want * 0.8).floor() && got <= (want * 1.2).ceil(), "{got}");
+                assert!(
+                    got >= (want * 0.8).floor() && got <= (want * 1.2).ceil(),
+                    "{got}"
+                );
             }
         }
     }

@@ -33,7 +33,6 @@
 //!
 //! Histogram buckets are [`LATENCY_BUCKETS`] for all three histograms.
 
-mod by_url;
 mod scrape;
 #[cfg(test)]
 mod tests;
@@ -41,7 +40,6 @@ mod tests;
 pub use scrape::{IndexSize, StreamSample};
 
 use crate::workers::Workers;
-use by_url::{Pending, UrlIds};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -182,7 +180,6 @@ pub struct Metrics {
     breaker: Family<Labels, Gauge>,
     draining: Family<Labels, Gauge>,
     scraped: Arc<scrape::ScrapeValues>,
-    urls: UrlIds,
 }
 
 impl Default for Metrics {
@@ -229,7 +226,6 @@ impl Metrics {
             breaker: Family::default(),
             draining: Family::default(),
             scraped: Arc::default(),
-            urls: UrlIds::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -388,25 +384,6 @@ impl Metrics {
         }
     }
 
-    /// One response sent for `route`; `worker` is the worker's URL, empty when none was
-    /// chosen; `seconds` from routing to the end of the response (observed only with a
-    /// worker). Kept for callers that know the URL: like [`Metrics::on_request_done`] with
-    /// model `""` and the URL's worker id (resolved as [`Metrics::learn_workers`] says).
-    pub fn on_response(&self, route: &str, status: u16, worker: &str, seconds: f64) {
-        if worker.is_empty() {
-            self.count_request(route, status, "", None);
-            return;
-        }
-        self.duration
-            .get_or_create(&vec![("route", route.to_string())])
-            .observe(seconds);
-        let pending = Pending::Response {
-            route: route.to_string(),
-            status,
-        };
-        self.by_url(worker, pending, 1);
-    }
-
     /// A failed exchange with `worker` (id), `kind` one of `connect`, `timeout`,
     /// `first_byte_timeout`, `upstream`, `status_5xx`, `upstream_body`, `client_gone`
     /// (`kvroute_worker_errors_total`).
@@ -417,12 +394,6 @@ impl Metrics {
                 ("kind", kind.to_string()),
             ])
             .inc();
-    }
-
-    /// A failed exchange with the worker at URL `worker`: [`Metrics::on_worker_error`] with
-    /// its id (resolved as [`Metrics::learn_workers`] says).
-    pub fn on_upstream_error(&self, worker: &str, kind: &str) {
-        self.by_url(worker, Pending::Error(kind.to_string()), 1);
     }
 
     /// A request retried on another worker after `worker` (id) failed it for `reason`
@@ -513,14 +484,6 @@ impl Metrics {
         }
     }
 
-    /// [`Metrics::on_worker_hit_outcome`] for the worker at URL `worker` (its id resolved as
-    /// [`Metrics::learn_workers`] says).
-    pub fn on_hit_outcome(&self, worker: &str, predicted: u64, served: u64) {
-        let mut h = HitTokens::default();
-        h.add(predicted, served);
-        self.by_url(worker, Pending::Hit(h), 1);
-    }
-
     /// An `x-kvroute-routing-tokens` header that was ignored (`reason`: `too_long`,
     /// `too_many`, `malformed`). Never an error for the request.
     pub fn on_routing_tokens_rejected(&self, reason: &str) {
@@ -573,55 +536,15 @@ impl Metrics {
         self.scraped.set_index_sizes(sizes);
     }
 
-    /// Teaches the URL-taking methods ([`Metrics::on_response`],
-    /// [`Metrics::on_upstream_error`], [`Metrics::on_hit_outcome`]) each worker's id, and
-    /// moves what they recorded for a URL not known until now to that URL's id. Called by
-    /// every encode; a URL never learned is counted nowhere visible (never exposed with a
-    /// URL label), so call this at startup and after the fleet changes for exact counts
-    /// before the first scrape.
-    pub fn learn_workers(&self, workers: &Workers) {
-        let urls: Vec<(String, usize)> = workers.iter().iter().map(|w| (w.url.clone(), w.id)).collect();
-        for (id, pending, n) in self.urls.learn(urls) {
-            self.apply(id, pending, n);
-        }
-    }
-
-    fn by_url(&self, url: &str, pending: Pending, n: u64) {
-        if let Some((id, pending)) = self.urls.resolve_or_hold(url, pending, n) {
-            self.apply(id, pending, n);
-        }
-    }
-
-    fn apply(&self, worker: usize, pending: Pending, n: u64) {
-        match pending {
-            Pending::Response { route, status } => {
-                for _ in 0..n {
-                    self.count_request(&route, status, "", Some(worker));
-                }
-            }
-            Pending::Error(kind) => {
-                self.worker_errors
-                    .get_or_create(&vec![("worker", worker_label(worker)), ("kind", kind)])
-                    .inc_by(n);
-            }
-            Pending::Hit(h) => {
-                for _ in 0..n {
-                    self.add_hit_tokens(worker, h);
-                }
-            }
-        }
-    }
-
     /// OpenMetrics text of everything ([`Metrics::encode_as`] with
     /// [`Format::OpenMetrics`]); kept for callers that parse the text themselves.
     pub fn encode(&self, workers: &Workers) -> String {
         self.encode_as(workers, Format::OpenMetrics)
     }
 
-    /// Everything in `format`, the in-flight and foreign gauges read from `workers` now
-    /// (and [`Metrics::learn_workers`] applied). Serve it with [`Format::content_type`].
+    /// Everything in `format`, the in-flight and foreign gauges read from `workers` now.
+    /// Serve it with [`Format::content_type`].
     pub fn encode_as(&self, workers: &Workers, format: Format) -> String {
-        self.learn_workers(workers);
         for w in workers.iter() {
             let labels = vec![("worker", worker_label(w.id))];
             self.in_flight

@@ -147,7 +147,9 @@ impl Worker {
         let change = lock(&self.health).record(passed);
         match change {
             HealthChange::BecameHealthy => {
-                *lock(&self.breaker) = Breaker::new(lock(&self.breaker).config());
+                let mut b = lock(&self.breaker);
+                *b = Breaker::new(b.config());
+                drop(b);
                 self.blocked_until_ms.store(0, Ordering::Relaxed);
                 self.healthy.store(true, Ordering::Relaxed);
             }
@@ -657,7 +659,8 @@ mod tests {
         let path = std::env::var("PATH").unwrap();
         let w = Workers::new(&["http://a:1;api_key_env=PATH".into()]).unwrap();
         assert_eq!(w.get(0).unwrap().api_key.as_deref(), Some(path.as_str()));
-        let w = Workers::new(&["http://a:1;api_key_env=KVROUTE_TEST_UNSET_VAR_XYZ".into()]).unwrap();
+        let w =
+            Workers::new(&["http://a:1;api_key_env=KVROUTE_TEST_UNSET_VAR_XYZ".into()]).unwrap();
         assert_eq!(w.get(0).unwrap().api_key, None);
     }
 }

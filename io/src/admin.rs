@@ -1,6 +1,6 @@
-//! Observability and administration: the `/metrics` text ([`metrics_text`]), the admin
-//! API's cache view ([`cache_view`]), and the constant-time key comparison both API-key
-//! checks use.
+//! Observability and administration: the `/metrics` text ([`metrics_text`]), the admin API
+//! on its own port ([`start`]: the fleet at run time, the cache view), and the constant-time
+//! key comparison both API-key checks use.
 
 use crate::state::Shared;
 use kvroute_core::events::StreamStats;
@@ -55,7 +55,10 @@ pub fn cache_view(shared: &Shared, id: &str) -> (u16, Vec<u8>) {
         return (404, crate::error::error_body(404, "unknown worker"));
     };
     let Some(ix) = &shared.events else {
-        return (503, crate::error::error_body(503, "no KV event index configured"));
+        return (
+            503,
+            crate::error::error_body(503, "no KV event index configured"),
+        );
     };
     let ix = crate::zmq::lock(ix);
     let streams: Vec<serde_json::Value> = ix
@@ -108,4 +111,284 @@ mod tests {
         assert!(!constant_time_eq(b"sk-abc", b"sk-ab"));
         assert!(constant_time_eq(b"", b""));
     }
+}
+
+/// Admin requests served at once; more are answered 503.
+const MAX_ADMIN_CONNECTIONS: usize = 16;
+/// Largest admin request body, bytes.
+const MAX_ADMIN_BODY_BYTES: usize = 64 * 1024;
+/// Time allowed to read an admin request, and to write its answer.
+const ADMIN_IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Starts the admin API on `listen` (its own port and thread, `kv-admin`, so a saturated
+/// traffic port never starves it; operations.md §1). Every route needs
+/// `Authorization: Bearer KEY` when `key` is set (compared in constant time); config
+/// validation requires a key unless `listen` is loopback. One thread per connection, at most
+/// [`MAX_ADMIN_CONNECTIONS`]. Ends once the gateway's state is dropped.
+///
+/// | route | answer |
+/// |---|---|
+/// | `GET /workers` | `[{"id","url","state","healthy","draining","breaker","models","load":{..},"events":{..}}]` |
+/// | `POST /workers` `{"url": SPEC}` | 201 `{"id": N}`; 400 bad spec, 409 already present |
+/// | `POST /workers/{id}/drain` | 200 `{"id","state":"draining"}` |
+/// | `DELETE /workers/{id}` | drains, waits for its requests (up to the shutdown grace), purges every index, cancels its event subscription: 200 `{"id","removed":true}` |
+/// | `GET /cache-view/{id}` | the event index's view of one worker ([`cache_view`]) |
+///
+/// # Errors
+/// The address cannot be bound (in use: named in the message).
+pub fn start(
+    shared: &std::sync::Arc<Shared>,
+    listen: &str,
+    key: Option<String>,
+) -> std::io::Result<std::net::SocketAddr> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind(listen)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("admin API on {listen}: {e}")))?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let weak = std::sync::Arc::downgrade(shared);
+    let open = std::sync::Arc::new(AtomicUsize::new(0));
+    std::thread::Builder::new()
+        .name("kv-admin".into())
+        .spawn(move || {
+            loop {
+                if weak.strong_count() == 0 {
+                    return;
+                }
+                let stream = match listener.accept() {
+                    Ok((s, _)) => s,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        continue;
+                    }
+                    Err(_) => continue,
+                };
+                let Some(shared) = weak.upgrade() else { return };
+                if open.fetch_add(1, Ordering::SeqCst) >= MAX_ADMIN_CONNECTIONS {
+                    open.fetch_sub(1, Ordering::SeqCst);
+                    let _ = write_answer(
+                        stream,
+                        503,
+                        &crate::error::error_body(503, "admin API busy"),
+                    );
+                    continue;
+                }
+                let (open, key) = (open.clone(), key.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("kv-admin-conn".into())
+                    .spawn(move || {
+                        serve_admin(&shared, stream, key.as_deref());
+                        open.fetch_sub(1, Ordering::SeqCst);
+                    });
+                if spawned.is_err() {
+                    tracing::warn!("admin API: cannot spawn a connection thread");
+                }
+            }
+        })?;
+    tracing::info!(%addr, auth = shared_key_note(listen), "admin API listening");
+    Ok(addr)
+}
+
+fn shared_key_note(listen: &str) -> &'static str {
+    if kvroute_core::config::is_loopback(listen) {
+        "loopback"
+    } else {
+        "bearer key"
+    }
+}
+
+/// Reads one request from `stream`, answers it, closes.
+fn serve_admin(
+    shared: &std::sync::Arc<Shared>,
+    mut stream: std::net::TcpStream,
+    key: Option<&str>,
+) {
+    use std::io::Read;
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(ADMIN_IO_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(ADMIN_IO_TIMEOUT));
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 8192];
+    let max_head = kvroute_core::config::defaults::MAX_HEAD_BYTES;
+    let (head, len) = loop {
+        match crate::http1::parse_request_head(&buf, max_head) {
+            Ok(Some(h)) => break h,
+            Ok(None) => {}
+            Err(e) => {
+                let _ = write_answer(
+                    stream,
+                    e.status(),
+                    &crate::error::error_body(e.status(), &e.to_string()),
+                );
+                return;
+            }
+        }
+        match stream.read(&mut tmp) {
+            Ok(n) if n > 0 => buf.extend_from_slice(&tmp[..n]),
+            _ => return,
+        }
+    };
+    let body_len = match head.framing {
+        crate::http1::Framing::Length(n) if n as usize <= MAX_ADMIN_BODY_BYTES => n as usize,
+        crate::http1::Framing::Length(_) | crate::http1::Framing::Chunked => {
+            let _ = write_answer(
+                stream,
+                413,
+                &crate::error::error_body(413, "admin body too large or chunked"),
+            );
+            return;
+        }
+        _ => 0,
+    };
+    while buf.len() < len + body_len {
+        match stream.read(&mut tmp) {
+            Ok(n) if n > 0 => buf.extend_from_slice(&tmp[..n]),
+            _ => return,
+        }
+    }
+    let body = &buf[len..len + body_len];
+    let authorized = key.is_none_or(|k| {
+        head.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("authorization"))
+            .and_then(|(_, v)| v.strip_prefix(b"Bearer "))
+            .is_some_and(|given| constant_time_eq(given.trim_ascii(), k.as_bytes()))
+    });
+    let (status, answer) = if authorized {
+        admin_route(shared, &head.method, head.path(), body)
+    } else {
+        (
+            401,
+            crate::error::error_body(401, "admin API: invalid or missing bearer key"),
+        )
+    };
+    tracing::info!(target: "kvroute::access", method = %head.method, path = %head.path(), status, "admin");
+    let _ = write_answer(stream, status, &answer);
+}
+
+/// The admin routes (see [`start`]'s table): `(status, JSON body)`.
+pub fn admin_route(
+    shared: &std::sync::Arc<Shared>,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> (u16, Vec<u8>) {
+    let err = |status: u16, msg: &str| (status, crate::error::error_body(status, msg));
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let id = |s: &str| {
+        s.parse::<usize>()
+            .ok()
+            .filter(|&i| shared.workers.get(i).is_some())
+    };
+    match (method, parts.as_slice()) {
+        ("GET", ["workers"]) => (200, workers_json(shared).to_string().into_bytes()),
+        ("POST", ["workers"]) => {
+            let spec = serde_json::from_slice::<serde_json::Value>(body)
+                .ok()
+                .and_then(|v| v.get("url")?.as_str().map(str::to_string));
+            let Some(spec) = spec else {
+                return err(400, "expected {\"url\": \"http://host:port[;options]\"}");
+            };
+            let spec = match kvroute_core::config::parse_worker_spec(&spec) {
+                Ok(s) => s,
+                Err(e) => return err(400, &e.to_string()),
+            };
+            match crate::gateway::add_worker(shared, &spec, shared.settings.health_checks.as_ref())
+            {
+                Ok(id) => (201, serde_json::json!({"id": id}).to_string().into_bytes()),
+                Err(crate::error::GatewayError::Core(
+                    e @ kvroute_core::CoreError::DuplicateWorker { .. },
+                )) => err(409, &e.to_string()),
+                Err(e) => err(400, &e.to_string()),
+            }
+        }
+        ("POST", ["workers", w, "drain"]) => match id(w) {
+            Some(i) => {
+                crate::gateway::drain_worker(shared, i);
+                (
+                    200,
+                    serde_json::json!({"id": i, "state": "draining"})
+                        .to_string()
+                        .into_bytes(),
+                )
+            }
+            None => err(404, "unknown worker"),
+        },
+        ("DELETE", ["workers", w]) => match id(w) {
+            Some(i) => {
+                crate::gateway::remove_worker(shared, i, shared.settings.shutdown_timeout);
+                (
+                    200,
+                    serde_json::json!({"id": i, "removed": true})
+                        .to_string()
+                        .into_bytes(),
+                )
+            }
+            None => err(404, "unknown worker"),
+        },
+        ("GET", ["cache-view", w]) | ("GET", ["admin", "cache-view", w]) => cache_view(shared, w),
+        (_, ["workers"])
+        | (_, ["workers", _])
+        | (_, ["workers", _, "drain"])
+        | (_, ["cache-view", _]) => err(405, "method not allowed"),
+        _ => err(404, &format!("no admin route for {method} {path}")),
+    }
+}
+
+/// `GET /workers`: every present worker's id, URL, state, models, load, breaker and event
+/// streams.
+fn workers_json(shared: &Shared) -> serde_json::Value {
+    let now = shared.now_ms();
+    let ix = shared.events.as_ref().map(crate::zmq::lock);
+    let subs = shared
+        .subscriptions
+        .lock()
+        .map(|s| s.keys().copied().collect::<Vec<_>>())
+        .unwrap_or_default();
+    let list: Vec<serde_json::Value> = shared
+        .workers
+        .iter()
+        .iter()
+        .map(|w| {
+            let state = if w.is_draining() {
+                "draining"
+            } else if !w.is_healthy() {
+                "unhealthy"
+            } else if !w.is_available(now) {
+                "breaker_open"
+            } else {
+                "healthy"
+            };
+            let streams: Vec<serde_json::Value> = ix.as_ref().map_or(Vec::new(), |ix| {
+                ix.stats()
+                    .into_iter()
+                    .filter(|(s, _)| s.worker as usize == w.id)
+                    .map(|(s, st)| stream_json(s.rank, &st, ix.stream_keys(s)))
+                    .collect()
+            });
+            serde_json::json!({
+                "id": w.id,
+                "url": w.url,
+                "state": state,
+                "healthy": w.is_healthy(),
+                "draining": w.is_draining(),
+                "breaker": w.breaker_state(now).as_str(),
+                "models": w.models(),
+                "load": {"in_flight": w.in_flight(), "foreign": w.foreign(), "processed": w.processed()},
+                "events": {"subscribed": subs.contains(&w.id), "streams": streams},
+            })
+        })
+        .collect();
+    serde_json::Value::Array(list)
+}
+
+fn write_answer(mut stream: std::net::TcpStream, status: u16, body: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let head = format!(
+        "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        crate::http1::canonical_reason(status),
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)
 }

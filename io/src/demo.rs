@@ -4,7 +4,6 @@
 //! `kvroute replay`.
 
 use crate::fleet::{self, FleetArgs};
-use kvroute_io::gateway;
 use anyhow::Context;
 use kvroute_bench::engine::{self, EngineConfig};
 use kvroute_bench::replay::{self, ReplayConfig, ReplayReport};
@@ -12,6 +11,7 @@ use kvroute_bench::sim::{Routing, Run};
 use kvroute_bench::trace::{self, PromptBuilder, WordIds};
 use kvroute_core::config::{Config, PolicyKind};
 use kvroute_core::metrics::HitTokens;
+use kvroute_io::gateway;
 use kvroute_tokenize::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -154,14 +154,24 @@ pub async fn handle(ctx: &ShardCtx, req: Request, sink: &mut impl ResponseSink) 
         return answer_error(sink, &mut rec, &err, &extra).await;
     }
     if route.needs_key() && !authorized(shared, &req) {
-        let err = ApiError::new(401, "invalid or missing API key (Authorization: Bearer KEY)");
+        let err = ApiError::new(
+            401,
+            "invalid or missing API key (Authorization: Bearer KEY)",
+        );
         rec.error = Some("unauthorized");
         return answer_error(sink, &mut rec, &err, &extra).await;
     }
     match route {
         Route::Health => {
             rec.status = 200;
-            respond(sink, 200, "application/json", &extra, br#"{"status":"ok"}"#.to_vec()).await;
+            respond(
+                sink,
+                200,
+                "application/json",
+                &extra,
+                br#"{"status":"ok"}"#.to_vec(),
+            )
+            .await;
         }
         Route::Readiness => {
             let (status, body) = if shared.is_ready() {
@@ -169,10 +179,20 @@ pub async fn handle(ctx: &ShardCtx, req: Request, sink: &mut impl ResponseSink) 
             } else if shared.is_shutting_down() {
                 (503, r#"{"status":"shutting_down"}"#)
             } else {
-                (503, r#"{"status":"not_ready","reason":"a model has no eligible worker"}"#)
+                (
+                    503,
+                    r#"{"status":"not_ready","reason":"a model has no eligible worker"}"#,
+                )
             };
             rec.status = status;
-            respond(sink, status, "application/json", &extra, body.as_bytes().to_vec()).await;
+            respond(
+                sink,
+                status,
+                "application/json",
+                &extra,
+                body.as_bytes().to_vec(),
+            )
+            .await;
         }
         Route::Metrics => {
             let format = Format::negotiate(req.header("accept"));
@@ -249,10 +269,10 @@ fn authorized(shared: &Shared, req: &Request) -> bool {
     if shared.api_keys.is_empty() {
         return true;
     }
-    let Some(key) = req
-        .header("authorization")
-        .and_then(|v| v.strip_prefix(b"Bearer ").or_else(|| v.strip_prefix(b"bearer ")))
-    else {
+    let Some(key) = req.header("authorization").and_then(|v| {
+        v.strip_prefix(b"Bearer ")
+            .or_else(|| v.strip_prefix(b"bearer "))
+    }) else {
         return false;
     };
     let key = key.trim_ascii();
@@ -274,9 +294,7 @@ fn models_json(shared: &Shared, id: Option<&str>) -> Option<Vec<u8>> {
         .collect();
     models.sort();
     models.dedup();
-    let card = |m: &str| {
-        serde_json::json!({"id": m, "object": "model", "created": shared.started_unix_secs, "owned_by": "kvroute"})
-    };
+    let card = |m: &str| serde_json::json!({"id": m, "object": "model", "created": shared.started_unix_secs, "owned_by": "kvroute"});
     let v = match id {
         Some(id) => card(models.iter().find(|m| *m == id)?),
         None => serde_json::json!({
@@ -294,7 +312,10 @@ fn models_json(shared: &Shared, id: Option<&str>) -> Option<Vec<u8>> {
 fn attach_tokens(ctx: &ShardCtx, endpoint: Endpoint, req: &Request, key: &mut RouteKey) {
     let shared = &ctx.shared;
     let header = req.header(ROUTING_TOKENS_HEADER);
-    let attached = ctx.tokens.borrow_mut().attach(endpoint, &req.body, header, key);
+    let attached = ctx
+        .tokens
+        .borrow_mut()
+        .attach(endpoint, &req.body, header, key);
     if let Some(why) = attached.header_rejected {
         shared.metrics.on_routing_tokens_rejected(why.as_str());
     }
@@ -496,7 +517,10 @@ async fn proxy(
             let err = match why {
                 None => {
                     rec.error = Some("no_eligible_worker");
-                    ApiError::new(503, format!("no healthy worker serves model `{}`", key.model))
+                    ApiError::new(
+                        503,
+                        format!("no healthy worker serves model `{}`", key.model),
+                    )
                 }
                 Some(e) => {
                     rec.error = Some(e.kind());
@@ -512,7 +536,10 @@ async fn proxy(
     rec.status = c.head.status;
     let mut headers: Vec<(HeaderName, HeaderValue)> = upstream::response_headers(&c.head);
     headers.extend(extra.iter().cloned());
-    headers.extend(header_pair(WORKER_HEADER, c.worker.id.to_string().as_bytes()));
+    headers.extend(header_pair(
+        WORKER_HEADER,
+        c.worker.id.to_string().as_bytes(),
+    ));
     if settings.expose_worker_url {
         headers.extend(header_pair(WORKER_URL_HEADER, c.worker.url.as_bytes()));
     }
@@ -531,7 +558,16 @@ async fn proxy(
         mut conn,
         head,
     } = c;
-    let mut end = relay::relay(sink, &mut conn, &head, &headers, deadline, rec, tracker.as_mut()).await;
+    let mut end = relay::relay(
+        sink,
+        &mut conn,
+        &head,
+        &headers,
+        deadline,
+        rec,
+        tracker.as_mut(),
+    )
+    .await;
     loop {
         match end {
             RelayEnd::Complete { reusable, usage } => {
@@ -567,7 +603,15 @@ async fn proxy(
                             shared.metrics.on_migration(worker.id, "resumed");
                             t.next_segment();
                             (worker, guard, conn) = (next.worker, next.guard, next.conn);
-                            end = relay::relay_body(sink, &mut conn, &next.head, deadline, rec, Some(t)).await;
+                            end = relay::relay_body(
+                                sink,
+                                &mut conn,
+                                &next.head,
+                                deadline,
+                                rec,
+                                Some(t),
+                            )
+                            .await;
                             continue;
                         }
                         Err(Stop::ClientGone) => {
@@ -582,7 +626,10 @@ async fn proxy(
                 sink.close_after();
                 if sse {
                     // The client gets a clean end: an OpenAI-style error event, then [DONE].
-                    let event = relay::sse_error_event(502, &format!("worker {} failed mid-stream", worker.id));
+                    let event = relay::sse_error_event(
+                        502,
+                        &format!("worker {} failed mid-stream", worker.id),
+                    );
                     let (res, _) = sink.send_data(event).await;
                     if res.is_ok() {
                         let _ = sink.finish().await;

@@ -97,6 +97,15 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
         let timeout = every.min(Duration::from_millis(cfg.connect_timeout_ms));
         crate::load_poll::start(&shared.workers, every, timeout)?;
     }
+    let admin = if cfg.admin_listen.is_empty() {
+        None
+    } else {
+        Some(crate::admin::start(
+            &shared,
+            &cfg.admin_listen,
+            cfg.admin_api_key.clone(),
+        )?)
+    };
     tracing::info!(
         policy = shared.policy_name,
         workers = shared.workers.len(),
@@ -104,7 +113,7 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
         auth = !shared.api_keys.is_empty(),
         "gateway configured"
     );
-    Ok(shard::start(shared)?)
+    Ok(shard::start(shared, admin)?)
 }
 
 /// The client keys of `--api-key` and `--api-key-file` (one per line, blank lines and `#`
@@ -251,8 +260,15 @@ pub fn apply_workers(
         .map(|w| w.id)
         .collect();
     let mut added = Vec::new();
-    for spec in specs.iter().filter(|s| shared.workers.find_url(&s.url).is_none()) {
-        added.push(add_worker(shared, spec, shared.settings.health_checks.as_ref())?);
+    for spec in specs
+        .iter()
+        .filter(|s| shared.workers.find_url(&s.url).is_none())
+    {
+        added.push(add_worker(
+            shared,
+            spec,
+            shared.settings.health_checks.as_ref(),
+        )?);
     }
     for &id in &gone {
         shared.workers.drain(id);

@@ -53,7 +53,10 @@ pub fn http_get(
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: */*\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: */*\r\n\r\n"
+    )?;
     let mut resp = Vec::new();
     s.take(MAX_RESPONSE_BYTES).read_to_end(&mut resp)?;
     // The gateway's own response-head parser; a malformed or cut head is an error.

@@ -25,16 +25,23 @@ pub fn start(workers: &Arc<Workers>, every: Duration, timeout: Duration) -> std:
                 let started = Instant::now();
                 for worker in w.iter() {
                     let Some(addr) = worker.addr else { continue };
-                    let report = crate::health::http_get(addr, &worker.authority, "/metrics", timeout)
-                        .inspect_err(
-                            |e| tracing::debug!(worker = worker.id, error = %e, "load report failed"),
-                        )
-                        .ok()
-                        .and_then(|(status, body)| {
-                            (status == 200)
-                                .then(|| kvroute_core::load::engine_requests(&String::from_utf8_lossy(&body)))
-                                .flatten()
-                        });
+                    let report = crate::health::http_get(
+                        addr,
+                        &worker.authority,
+                        "/metrics",
+                        timeout,
+                    )
+                    .inspect_err(
+                        |e| tracing::debug!(worker = worker.id, error = %e, "load report failed"),
+                    )
+                    .ok()
+                    .and_then(|(status, body)| {
+                        (status == 200)
+                            .then(|| {
+                                kvroute_core::load::engine_requests(&String::from_utf8_lossy(&body))
+                            })
+                            .flatten()
+                    });
                     worker.report(report);
                 }
                 drop(w);

@@ -544,30 +544,84 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
             "tokenize_cache_tokens",
             defaults::TOKENIZE_CACHE_TOKENS.to_string(),
         ),
-        ("health_check_interval_secs", defaults::HEALTH_CHECK_INTERVAL_SECS.to_string()),
-        ("health_check_timeout_secs", defaults::HEALTH_CHECK_TIMEOUT_SECS.to_string()),
-        ("health_failure_threshold", defaults::HEALTH_FAILURE_THRESHOLD.to_string()),
-        ("health_success_threshold", defaults::HEALTH_SUCCESS_THRESHOLD.to_string()),
-        ("breaker_failure_threshold", defaults::BREAKER_FAILURE_THRESHOLD.to_string()),
-        ("breaker_window_secs", defaults::BREAKER_WINDOW_SECS.to_string()),
+        (
+            "health_check_interval_secs",
+            defaults::HEALTH_CHECK_INTERVAL_SECS.to_string(),
+        ),
+        (
+            "health_check_timeout_secs",
+            defaults::HEALTH_CHECK_TIMEOUT_SECS.to_string(),
+        ),
+        (
+            "health_failure_threshold",
+            defaults::HEALTH_FAILURE_THRESHOLD.to_string(),
+        ),
+        (
+            "health_success_threshold",
+            defaults::HEALTH_SUCCESS_THRESHOLD.to_string(),
+        ),
+        (
+            "breaker_failure_threshold",
+            defaults::BREAKER_FAILURE_THRESHOLD.to_string(),
+        ),
+        (
+            "breaker_window_secs",
+            defaults::BREAKER_WINDOW_SECS.to_string(),
+        ),
         ("breaker_open_secs", defaults::BREAKER_OPEN_SECS.to_string()),
-        ("breaker_success_threshold", defaults::BREAKER_SUCCESS_THRESHOLD.to_string()),
+        (
+            "breaker_success_threshold",
+            defaults::BREAKER_SUCCESS_THRESHOLD.to_string(),
+        ),
         ("retry_max", defaults::RETRY_MAX.to_string()),
-        ("retry_initial_backoff_ms", defaults::RETRY_INITIAL_BACKOFF_MS.to_string()),
-        ("retry_backoff_multiplier", defaults::RETRY_BACKOFF_MULTIPLIER.to_string()),
-        ("retry_max_backoff_ms", defaults::RETRY_MAX_BACKOFF_MS.to_string()),
+        (
+            "retry_initial_backoff_ms",
+            defaults::RETRY_INITIAL_BACKOFF_MS.to_string(),
+        ),
+        (
+            "retry_backoff_multiplier",
+            defaults::RETRY_BACKOFF_MULTIPLIER.to_string(),
+        ),
+        (
+            "retry_max_backoff_ms",
+            defaults::RETRY_MAX_BACKOFF_MS.to_string(),
+        ),
         ("retry_jitter", defaults::RETRY_JITTER.to_string()),
-        ("retry_budget_ratio", defaults::RETRY_BUDGET_RATIO.to_string()),
+        (
+            "retry_budget_ratio",
+            defaults::RETRY_BUDGET_RATIO.to_string(),
+        ),
         ("retry_budget_cap", defaults::RETRY_BUDGET_CAP.to_string()),
-        ("retry_deadline_secs", defaults::RETRY_DEADLINE_SECS.to_string()),
-        ("first_byte_timeout_secs", defaults::FIRST_BYTE_TIMEOUT_SECS.to_string()),
+        (
+            "retry_deadline_secs",
+            defaults::RETRY_DEADLINE_SECS.to_string(),
+        ),
+        (
+            "first_byte_timeout_secs",
+            defaults::FIRST_BYTE_TIMEOUT_SECS.to_string(),
+        ),
         ("migration_limit", defaults::MIGRATION_LIMIT.to_string()),
-        ("shutdown_timeout_secs", defaults::SHUTDOWN_TIMEOUT_SECS.to_string()),
+        (
+            "shutdown_timeout_secs",
+            defaults::SHUTDOWN_TIMEOUT_SECS.to_string(),
+        ),
         ("admin_listen", defaults::ADMIN_LISTEN.to_string()),
-        ("client_header_timeout_secs", defaults::CLIENT_HEADER_TIMEOUT_SECS.to_string()),
-        ("client_body_timeout_secs", defaults::CLIENT_BODY_TIMEOUT_SECS.to_string()),
-        ("client_idle_timeout_secs", defaults::CLIENT_IDLE_TIMEOUT_SECS.to_string()),
-        ("max_connections_per_shard", defaults::MAX_CONNECTIONS_PER_SHARD.to_string()),
+        (
+            "client_header_timeout_secs",
+            defaults::CLIENT_HEADER_TIMEOUT_SECS.to_string(),
+        ),
+        (
+            "client_body_timeout_secs",
+            defaults::CLIENT_BODY_TIMEOUT_SECS.to_string(),
+        ),
+        (
+            "client_idle_timeout_secs",
+            defaults::CLIENT_IDLE_TIMEOUT_SECS.to_string(),
+        ),
+        (
+            "max_connections_per_shard",
+            defaults::MAX_CONNECTIONS_PER_SHARD.to_string(),
+        ),
         ("log_format", "text".to_string()),
     ];
     let add = |sub: clap::Command, table: &[(&str, String)]| {

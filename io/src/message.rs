@@ -23,7 +23,10 @@ pub struct Request {
 impl Request {
     /// The value of header `name` as bytes (the first one), if present.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.parts.headers.get(name).map(http::HeaderValue::as_bytes)
+        self.parts
+            .headers
+            .get(name)
+            .map(http::HeaderValue::as_bytes)
     }
 
     /// The path of the URI, without the query.

@@ -178,7 +178,11 @@ mod tests {
         let mut t = StreamTracker::new(true);
         let mut out = Vec::new();
         let first = [
-            chat_event("a", serde_json::json!({"role": "assistant", "content": ""}), None),
+            chat_event(
+                "a",
+                serde_json::json!({"role": "assistant", "content": ""}),
+                None,
+            ),
             chat_event("a", serde_json::json!({"content": "Hel"}), None),
             chat_event("a", serde_json::json!({"content": "lo"}), None),
         ]
@@ -204,7 +208,11 @@ mod tests {
         t.next_segment();
         let mut out = Vec::new();
         let second = [
-            chat_event("b", serde_json::json!({"role": "assistant", "content": ""}), None),
+            chat_event(
+                "b",
+                serde_json::json!({"role": "assistant", "content": ""}),
+                None,
+            ),
             chat_event("b", serde_json::json!({"content": " world"}), Some("stop")),
             "data: [DONE]\n\n".to_string(),
         ]
@@ -235,7 +243,10 @@ mod tests {
         assert_eq!(t.continuation(body), None);
         let body = br#"{"model":"m","prompt":"Count:","max_tokens":5,"stream":true}"#;
         let cont: Value = serde_json::from_slice(&t.continuation(body).unwrap()).unwrap();
-        assert_eq!((cont["prompt"].as_str(), cont["max_tokens"].as_u64()), (Some("Count:One two"), Some(3)));
+        assert_eq!(
+            (cont["prompt"].as_str(), cont["max_tokens"].as_u64()),
+            (Some("Count:One two"), Some(3))
+        );
         assert_eq!(t.continuation(br#"{"prompt":"x","n":2}"#), None);
         assert_eq!(t.continuation(b"not json"), None);
     }

@@ -108,7 +108,9 @@ impl Drop for Record<'_> {
         if let Some(t) = self.ttft {
             m.on_ttft(self.route, t.as_secs_f64());
         }
-        if let (Some(w), Some(p), Some(s)) = (self.worker, self.predicted_cached, self.served_cached) {
+        if let (Some(w), Some(p), Some(s)) =
+            (self.worker, self.predicted_cached, self.served_cached)
+        {
             m.on_worker_hit_outcome(w, p, s);
         }
         let worker = self.worker.map(|w| w.to_string()).unwrap_or_default();

@@ -112,9 +112,9 @@ pub fn body_kind(framing: Framing) -> BodyKind {
 
 /// True when `head` announces an SSE stream.
 pub fn is_sse(head: &ResponseHead) -> bool {
-    head.headers.iter().any(|(n, v)| {
-        n.eq_ignore_ascii_case("content-type") && v.starts_with(b"text/event-stream")
-    })
+    head.headers
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("content-type") && v.starts_with(b"text/event-stream"))
 }
 
 /// The SSE end of a stream whose worker failed: an OpenAI-style error event (the OpenAI SDKs
@@ -204,13 +204,15 @@ pub async fn relay_body(
         pending.clear();
         pending.reserve(RELAY_READ_BYTES);
         let cap = pending.capacity();
-        let (res, slice) =
-            match monoio::time::timeout(left, upstream.stream.read(pending.slice_mut(0..cap)))
-                .await
-            {
-                Ok(r) => r,
-                Err(_) => return RelayEnd::UpstreamFailed { sse },
-            };
+        let (res, slice) = match monoio::time::timeout(
+            left,
+            upstream.stream.read(pending.slice_mut(0..cap)),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => return RelayEnd::UpstreamFailed { sse },
+        };
         pending = slice.into_inner();
         match res {
             Ok(0) if body.framing == Framing::UntilClose => {

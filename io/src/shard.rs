@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 /// A running gateway: its address and shard threads.
 pub struct Server {
     addr: SocketAddr,
+    admin: Option<SocketAddr>,
     threads: Vec<JoinHandle<()>>,
     shared: Arc<Shared>,
 }
@@ -29,6 +30,11 @@ impl Server {
     /// The address the shards listen on (the real port when `listen` had port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The admin API's address, when it runs.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin
     }
 
     /// The shared state (workers, metrics), for tests and the demo.
@@ -109,11 +115,7 @@ fn bind_listeners(listen: &str, n: usize) -> std::io::Result<Vec<TcpListener>> {
     })?;
     let domain = socket2::Domain::for_address(addr);
     let socket = |reuse_port: bool| -> std::io::Result<socket2::Socket> {
-        let s = socket2::Socket::new(
-            domain,
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )?;
+        let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
         s.set_reuse_address(true)?;
         s.set_reuse_port(reuse_port)?;
         Ok(s)
@@ -123,7 +125,9 @@ fn bind_listeners(listen: &str, n: usize) -> std::io::Result<Vec<TcpListener>> {
         if e.kind() == std::io::ErrorKind::AddrInUse {
             std::io::Error::new(
                 e.kind(),
-                format!("{addr} is already in use by another process (is kvroute already running?)"),
+                format!(
+                    "{addr} is already in use by another process (is kvroute already running?)"
+                ),
             )
         } else {
             e
@@ -146,11 +150,12 @@ fn bind_listeners(listen: &str, n: usize) -> std::io::Result<Vec<TcpListener>> {
     Ok(out)
 }
 
-/// Starts the shards and returns once every listener is bound.
+/// Starts the shards and returns once every listener is bound; `admin` is the admin API's
+/// address when it runs.
 ///
 /// # Errors
 /// Binding the listen address failed, or a shard thread could not be spawned.
-pub fn start(shared: Arc<Shared>) -> std::io::Result<Server> {
+pub fn start(shared: Arc<Shared>, admin: Option<SocketAddr>) -> std::io::Result<Server> {
     let n = shared.settings.shards.max(1);
     let listeners = bind_listeners(&shared.settings.listen, n)?;
     let addr = listeners[0].local_addr()?;
@@ -167,6 +172,7 @@ pub fn start(shared: Arc<Shared>) -> std::io::Result<Server> {
     tracing::info!(%addr, shards = n, "kvroute listening");
     Ok(Server {
         addr,
+        admin,
         threads,
         shared,
     })
@@ -224,11 +230,15 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     // taken, so workers see them go after ~3 s (below their own 5 s keep-alive); and those of
     // removed workers.
     let sweeper = pool.clone();
-    let workers = shared.workers.clone();
+    // Weak: the task may outlive the runtime's `block_on`; the registry must not.
+    let workers = Arc::downgrade(&shared.workers);
     monoio::spawn(async move {
         let period = (sweeper.idle_timeout() / 3).max(Duration::from_millis(100));
         loop {
             monoio::time::sleep(period).await;
+            let Some(workers) = workers.upgrade() else {
+                return;
+            };
             sweeper.sweep(|w| workers.get(w).is_some());
         }
     });

@@ -122,10 +122,7 @@ pub fn build_request(
     let mut out = Vec::with_capacity(512 + body.len());
     out.extend_from_slice(parts.method.as_str().as_bytes());
     out.push(b' ');
-    let target = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str());
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     http1::push_header(&mut out, "host", worker.authority.as_bytes());
@@ -216,13 +213,13 @@ pub async fn send(
     let mut request = request;
     let mut retried = false;
     loop {
-        let (mut conn, reused) = pool
-            .get(worker.id, addr)
-            .await
-            .map_err(|source| ProxyError::Connect {
-                worker: worker.id,
-                source,
-            })?;
+        let (mut conn, reused) =
+            pool.get(worker.id, addr)
+                .await
+                .map_err(|source| ProxyError::Connect {
+                    worker: worker.id,
+                    source,
+                })?;
         let (res, buf) = conn.write_all(request).await;
         request = buf;
         let outcome = match res {
@@ -271,7 +268,11 @@ async fn first_body_bytes(
         match monoio::time::timeout(left, conn.fill()).await {
             Err(_) => return Err(Failure::Timeout),
             Ok(Ok(0)) if head.framing == Framing::UntilClose => return Ok(()),
-            Ok(Ok(0)) => return Err(Failure::Protocol("connection closed before the body".into())),
+            Ok(Ok(0)) => {
+                return Err(Failure::Protocol(
+                    "connection closed before the body".into(),
+                ));
+            }
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(Failure::Protocol(e.to_string())),
         }

@@ -99,6 +99,7 @@ fn router_event_index_equals_every_engines_cache_under_faults() {
             workers,
             policy: PolicyKind::CacheAware,
             shards: Some(1),
+            admin_listen: "127.0.0.1:0".into(),
             ..Config::default()
         },
         false,
@@ -197,7 +198,9 @@ fn router_event_index_equals_every_engines_cache_under_faults() {
     assert!(hits > 0);
     // Admin view and metrics agree with the index.
     for (w, b) in blocks.iter().enumerate() {
-        let r = get(addr, &format!("/admin/cache-view/{w}"));
+        // The cache view is on the admin port, not the traffic port.
+        assert_eq!(get(addr, &format!("/admin/cache-view/{w}")).status, 404);
+        let r = get(gw.admin_addr().unwrap(), &format!("/cache-view/{w}"));
         assert_eq!(r.status, 200);
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(v["worker"], w);

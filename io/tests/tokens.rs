@@ -44,6 +44,7 @@ fn gateway_to(url: String, tokenizer: Option<PathBuf>) -> Server {
         policy: PolicyKind::CacheAware,
         shards: Some(1),
         tokenizer,
+        admin_listen: String::new(),
         ..Config::default()
     };
     let server = gateway::start(cfg, false).expect("gateway starts");

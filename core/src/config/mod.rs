@@ -347,7 +347,10 @@ impl Config {
                 u64::from(self.breaker_success_threshold),
             ),
             ("first_byte_timeout_secs", self.first_byte_timeout_secs),
-            ("client_header_timeout_secs", self.client_header_timeout_secs),
+            (
+                "client_header_timeout_secs",
+                self.client_header_timeout_secs,
+            ),
             ("client_body_timeout_secs", self.client_body_timeout_secs),
             ("client_idle_timeout_secs", self.client_idle_timeout_secs),
             (
@@ -484,11 +487,7 @@ pub fn parse_worker_spec(spec: &str) -> Result<WorkerSpec, CoreError> {
             "model" => return Err(bad("model must not be empty")),
             "api_key_env" => {
                 let var = v.trim();
-                if var.is_empty()
-                    || !var
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-                {
+                if var.is_empty() || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
                     return Err(bad("api_key_env must be an environment variable name"));
                 }
                 out.api_key_env = Some(var.to_string());
@@ -815,10 +814,19 @@ mod tests {
                 (|c: &mut Config| c.retry_jitter = 1.0) as fn(&mut Config),
                 "retry_jitter",
             ),
-            (|c| c.retry_backoff_multiplier = 0.5, "retry_backoff_multiplier"),
+            (
+                |c| c.retry_backoff_multiplier = 0.5,
+                "retry_backoff_multiplier",
+            ),
             (|c| c.first_byte_timeout_secs = 0, "first_byte_timeout_secs"),
-            (|c| c.breaker_failure_threshold = 0, "breaker_failure_threshold"),
-            (|c| c.max_connections_per_shard = 0, "max_connections_per_shard"),
+            (
+                |c| c.breaker_failure_threshold = 0,
+                "breaker_failure_threshold",
+            ),
+            (
+                |c| c.max_connections_per_shard = 0,
+                "max_connections_per_shard",
+            ),
         ] {
             match with(f) {
                 Err(CoreError::ConfigValue { field: got, .. }) => assert_eq!(got, field),

@@ -663,51 +663,7 @@ fn negotiation_follows_the_accept_header() {
     );
 }
 
-/// The URL-taking methods record under the worker id: before the first encode (held, then
-/// handed over) and after it (direct); an unknown URL never shows up as a label.
-#[test]
-fn url_records_land_on_worker_ids() {
-    let m = Metrics::new();
-    let w = two_workers();
-    m.on_upstream_error("http://b:2", "connect");
-    m.on_response("/v1/completions", 502, "http://b:2", 0.01);
-    m.on_hit_outcome("http://b:2", 10, 4);
-    m.on_upstream_error("http://unknown:9", "connect");
-    let p = parse_classic(&m.encode_as(&w, Format::Prometheus)).unwrap();
-    m.on_upstream_error("http://b:2", "connect");
-    m.on_hit_outcome("http://b:2", 10, 4);
-    let text = m.encode_as(&w, Format::Prometheus);
-    assert!(!text.contains("http://"), "{text}");
-    let q = parse_classic(&text).unwrap();
-    let err = [("worker", "1"), ("kind", "connect")];
-    assert_eq!(p.counter("kvroute_worker_errors_total", &err), Some(1.0));
-    assert_eq!(q.counter("kvroute_worker_errors_total", &err), Some(2.0));
-    assert_eq!(
-        q.counter(
-            "kvroute_requests_total",
-            &[
-                ("route", "/v1/completions"),
-                ("status", "502"),
-                ("model", ""),
-                ("worker", "1")
-            ]
-        ),
-        Some(1.0)
-    );
-    let phantom = [("worker", "1"), ("kind", "phantom")];
-    assert_eq!(p.counter("kvroute_hit_tokens_total", &phantom), Some(6.0));
-    assert_eq!(q.counter("kvroute_hit_tokens_total", &phantom), Some(12.0));
-    assert_eq!(
-        q.expect(
-            "kvroute_request_duration_seconds_count",
-            &[("route", "/v1/completions")]
-        ),
-        1.0
-    );
-}
-
-/// Many shards recording through URLs and ids at once, with scrapes in between: every count
-/// lands once.
+/// Many shards recording at once, with scrapes in between: every count lands once.
 #[test]
 fn concurrent_records_and_scrapes_count_once() {
     let m = std::sync::Arc::new(Metrics::new());
@@ -718,7 +674,7 @@ fn concurrent_records_and_scrapes_count_once() {
             std::thread::spawn(move || {
                 for j in 0..250 {
                     m.on_decision("round_robin", "round_robin");
-                    m.on_upstream_error("http://a:1", "connect");
+                    m.on_worker_error(0, "connect");
                     m.on_worker_error(0, "connect");
                     if i == 0 && j % 50 == 0 {
                         m.encode_as(&w, Format::Prometheus);
@@ -799,8 +755,8 @@ fn scrape_time_values_replace_and_forget() {
 fn hit_outcomes_split_into_phantom_and_unannounced() {
     let m = Metrics::new();
     let w = Workers::new(&["http://a:1".into()]).unwrap();
-    m.on_hit_outcome("http://a:1", 1024, 512); // 512 evicted after the decision
-    m.on_hit_outcome("http://a:1", 256, 768); // 512 the index did not know
+    m.on_worker_hit_outcome(0, 1024, 512); // 512 evicted after the decision
+    m.on_worker_hit_outcome(0, 256, 768); // 512 the index did not know
     m.on_worker_hit_outcome(0, 64, 64);
     let p = parse_classic(&m.encode_as(&w, Format::Prometheus)).unwrap();
     for (kind, v) in [

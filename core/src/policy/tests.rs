@@ -534,7 +534,10 @@ fn b43_a_vetoed_holder_is_never_chosen() {
     // round_robin takes eligible workers in turn by sequence number.
     let r = router(PolicyKind::RoundRobin);
     let turns: Vec<usize> = (0..4)
-        .map(|seq| r.decide(&snap(&[0; 4], &[0, 2, 3], seq), &key, &mut rand::rng()).worker)
+        .map(|seq| {
+            r.decide(&snap(&[0; 4], &[0, 2, 3], seq), &key, &mut rand::rng())
+                .worker
+        })
         .collect();
     assert_eq!(turns, vec![0, 2, 3, 0]);
 }

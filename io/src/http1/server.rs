@@ -26,7 +26,14 @@ pub async fn serve_connection(ctx: ShardCtx, stream: monoio::net::TcpStream) {
             return;
         }
         let received = Instant::now();
-        let head = match read_head(&mut client, s.max_head_bytes, s.client_idle_timeout, s.client_header_timeout).await {
+        let head = match read_head(
+            &mut client,
+            s.max_head_bytes,
+            s.client_idle_timeout,
+            s.client_header_timeout,
+        )
+        .await
+        {
             Ok(Some(head)) => head,
             Ok(None) => return,
             Err(e) => {
@@ -34,14 +41,15 @@ pub async fn serve_connection(ctx: ShardCtx, stream: monoio::net::TcpStream) {
                 return;
             }
         };
-        let body = match read_body(&mut client, &head, s.max_body_bytes, s.client_body_timeout).await {
-            Ok(body) => body,
-            Err(BodyError::Closed) => return,
-            Err(BodyError::Http(e)) => {
-                reject(&ctx, &mut client, &e, received).await;
-                return;
-            }
-        };
+        let body =
+            match read_body(&mut client, &head, s.max_body_bytes, s.client_body_timeout).await {
+                Ok(body) => body,
+                Err(BodyError::Closed) => return,
+                Err(BodyError::Http(e)) => {
+                    reject(&ctx, &mut client, &e, received).await;
+                    return;
+                }
+            };
         let keep = head.keep_alive;
         let req = match to_request(head, body, received) {
             Ok(r) => r,
@@ -262,7 +270,9 @@ impl ResponseSink for Http1Sink<'_> {
             super::push_header(&mut out, name.as_str(), value.as_bytes());
         }
         match body {
-            BodyKind::Length(n) => super::push_header(&mut out, "content-length", n.to_string().as_bytes()),
+            BodyKind::Length(n) => {
+                super::push_header(&mut out, "content-length", n.to_string().as_bytes())
+            }
             BodyKind::Stream => super::push_header(&mut out, "transfer-encoding", b"chunked"),
         }
         if !self.keep_alive {

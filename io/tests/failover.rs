@@ -1,0 +1,676 @@
+//! Issue 13's fault matrix and operations on loopback: simulated engines with fault switches
+//! behind `kvroute serve`. Every case asserts that each client got exactly one response, that
+//! no engine ran a request twice (engine-side counts), and that in-flight counts return to 0.
+
+mod common;
+
+use common::*;
+use kvroute_bench::engine::{self, EngineConfig, EngineFaults, EngineHandle};
+use kvroute_core::config::{Config, PolicyKind};
+use kvroute_io::gateway;
+use kvroute_io::shard::Server;
+use kvroute_tokenize::Tokenizer;
+use serde_json::json;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+fn tokenizer() -> Arc<Tokenizer> {
+    static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| Arc::new(Tokenizer::qwen3().expect("embedded tokenizer")))
+        .clone()
+}
+
+fn engine_cfg(model: &str) -> EngineConfig {
+    EngineConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        model_name: model.into(),
+        check_model: true,
+        // 4 × faster than the timing model: a 40-token stream takes ~0.1 s.
+        speedup_ratio: 4.0,
+        ..EngineConfig::default()
+    }
+}
+
+fn engine(model: &str) -> EngineHandle {
+    engine::server::spawn(engine_cfg(model), tokenizer()).expect("engine starts")
+}
+
+fn faulty(faults: EngineFaults) -> EngineHandle {
+    let cfg = EngineConfig {
+        faults,
+        ..engine_cfg(MODEL)
+    };
+    engine::server::spawn(cfg, tokenizer()).expect("engine starts")
+}
+
+const MODEL: &str = "qwen3-sim";
+
+fn gateway_for(engines: &[&EngineHandle], tweak: impl FnOnce(&mut Config)) -> Server {
+    let mut cfg = Config {
+        listen: "127.0.0.1:0".into(),
+        workers: engines
+            .iter()
+            .map(|e| format!("http://{}", e.addr))
+            .collect(),
+        policy: PolicyKind::RoundRobin,
+        shards: Some(1),
+        admin_listen: "127.0.0.1:0".into(),
+        // Short waits so the matrix runs in seconds.
+        retry_initial_backoff_ms: 5,
+        ..Config::default()
+    };
+    tweak(&mut cfg);
+    gateway::start(cfg, false).expect("gateway starts")
+}
+
+fn completion(i: usize, max_tokens: u32) -> serde_json::Value {
+    json!({"model": MODEL, "prompt": format!("request number {i} of the matrix"), "max_tokens": max_tokens})
+}
+
+fn chat(content: &str, max_tokens: u32) -> serde_json::Value {
+    json!({"model": MODEL, "stream": true, "max_tokens": max_tokens, "seed": 7,
+        "messages": [{"role": "user", "content": content}]})
+}
+
+/// `POST` with an `x-request-id`, on a new connection.
+fn post_id(addr: SocketAddr, path: &str, body: &serde_json::Value, id: &str) -> Response {
+    let body = serde_json::to_vec(body).unwrap();
+    let mut raw = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-request-id: {id}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(&body);
+    send_raw(addr, &raw)
+}
+
+/// Each id completed on exactly one engine, and no engine completed more requests than were
+/// sent (engine-side counts).
+fn ran_once(engines: &[&EngineHandle], ids: &[String]) {
+    let mut completed = 0;
+    for e in engines {
+        completed += e.request_stats().requests_completed;
+    }
+    assert_eq!(completed, ids.len() as u64, "completions over all engines");
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for e in engines {
+        for id in e.request_stats().request_ids {
+            *seen.entry(id).or_default() += 1;
+        }
+    }
+    for id in ids {
+        assert!(seen.contains_key(id), "{id} never reached an engine");
+    }
+}
+
+fn loads_back_to_zero(gw: &Server) {
+    assert!(
+        wait_until(Duration::from_secs(3), || gw
+            .shared()
+            .workers
+            .loads()
+            .iter()
+            .all(|&l| l == 0)),
+        "{:?}",
+        gw.shared().workers.loads()
+    );
+    assert!(wait_until(Duration::from_secs(3), || gw
+        .shared()
+        .in_flight
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0));
+}
+
+/// Engine killed before its first byte: every client succeeds through a retry on the other
+/// engine, the dead one's breaker opens, and each request completes once.
+#[test]
+fn killed_before_the_first_byte_is_retried_elsewhere() {
+    let good = engine(MODEL);
+    let dead = faulty(EngineFaults {
+        die_after_tokens: Some(0),
+        ..EngineFaults::default()
+    });
+    let gw = gateway_for(&[&dead, &good], |_| {});
+    let ids: Vec<String> = (0..20).map(|i| format!("kill-{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let r = post_id(gw.local_addr(), "/v1/completions", &completion(i, 4), id);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-kvroute-worker"), Some("1"));
+        assert_eq!(r.header("x-request-id"), Some(id.as_str()));
+    }
+    ran_once(&[&good, &dead], &ids);
+    // The breaker opened after 3 failures: the dead engine saw only those attempts.
+    assert_eq!(dead.request_stats().requests_received, 3);
+    assert_eq!(dead.request_stats().requests_completed, 0);
+    let w = gw.shared().workers.get(0).unwrap();
+    assert_eq!(
+        w.breaker_state(gw.shared().now_ms()),
+        kvroute_core::health::BreakerState::Open
+    );
+    let metrics = get(gw.local_addr(), "/metrics").text();
+    let retries: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kvroute_retries_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(retries, 3.0, "{metrics}");
+    loads_back_to_zero(&gw);
+    gw.shutdown();
+}
+
+/// The text of an SSE chat stream (content deltas in order) and whether it ended with an
+/// error event.
+fn stream_text(body: &[u8]) -> (String, bool, bool) {
+    let mut text = String::new();
+    let (mut error, mut done) = (false, false);
+    for ev in String::from_utf8_lossy(body).split("\n\n") {
+        let Some(d) = ev.strip_prefix("data: ") else {
+            continue;
+        };
+        if d == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(d).expect("event JSON");
+        if v.get("error").is_some() {
+            error = true;
+        }
+        if let Some(c) = v["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(c);
+        }
+    }
+    (text, error, done)
+}
+
+/// Killed mid-stream: without migration the client's stream ends cleanly with an error event
+/// and `[DONE]`; with `--migration-limit 1` it continues on the other engine and its text
+/// equals an unbroken run's.
+#[test]
+fn killed_mid_stream_ends_cleanly_or_migrates() {
+    let body = chat("tell me a long story about routers", 40);
+    // The unbroken run, straight to a healthy engine.
+    let reference = engine(MODEL);
+    let direct = post(reference.addr, "/v1/chat/completions", &body);
+    let (want, _, _) = stream_text(&direct.body);
+    assert!(want.len() > 40, "{want}");
+    for migrate in [false, true] {
+        let dying = faulty(EngineFaults {
+            die_after_tokens: Some(15),
+            ..EngineFaults::default()
+        });
+        let good = engine(MODEL);
+        let gw = gateway_for(&[&dying, &good], |c| {
+            c.migration_limit = u32::from(migrate);
+        });
+        let r = post(gw.local_addr(), "/v1/chat/completions", &body);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-kvroute-worker"), Some("0"));
+        let (text, error, done) = stream_text(&r.body);
+        assert!(done, "stream ended with [DONE] (migrate {migrate})");
+        if migrate {
+            assert!(!error, "{}", r.text());
+            assert_eq!(text, want, "migrated stream equals the unbroken one");
+            assert_eq!(good.request_stats().requests_completed, 1);
+            let role_deltas = r.text().matches("\"role\"").count();
+            assert_eq!(role_deltas, 1, "{}", r.text());
+        } else {
+            assert!(error, "{}", r.text());
+            assert!(want.starts_with(&text) && text.len() < want.len(), "{text}");
+            assert_eq!(good.request_stats().requests_received, 0);
+        }
+        assert_eq!(dying.request_stats().requests_completed, 0);
+        loads_back_to_zero(&gw);
+        gw.shutdown();
+    }
+}
+
+/// Stopped (SIGSTOP-like): the first-byte timeout fails the attempt, the request is retried
+/// on the other engine; 503 from a worker is retried too.
+#[test]
+fn stalled_and_503_workers_are_retried_elsewhere() {
+    let stalled = faulty(EngineFaults {
+        stall: true,
+        ..EngineFaults::default()
+    });
+    let busy = faulty(EngineFaults {
+        status: Some(503),
+        ..EngineFaults::default()
+    });
+    let good = engine(MODEL);
+    let gw = gateway_for(&[&stalled, &busy, &good], |c| {
+        c.first_byte_timeout_secs = 1;
+        c.health_check_interval_secs = 0;
+    });
+    let t0 = Instant::now();
+    // seq 0 → worker 0 (stalled) → timeout → worker 1 (503) → worker 2.
+    let r = post_id(
+        gw.local_addr(),
+        "/v1/completions",
+        &completion(0, 4),
+        "stall-0",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-kvroute-worker"), Some("2"));
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert_eq!(busy.request_stats().requests_failed, 1);
+    assert_eq!(good.request_stats().requests_completed, 1);
+    // The stalled engine's held request was dropped when the router gave up on it.
+    stalled.set_faults(EngineFaults::default()).unwrap();
+    assert!(wait_until(Duration::from_secs(2), || stalled
+        .request_stats()
+        .requests_completed
+        == 0));
+    loads_back_to_zero(&gw);
+    gw.shutdown();
+}
+
+/// Refused everywhere: 502 in the OpenAI error shape after the retry budget, naming workers
+/// by id only; nothing left in flight.
+#[test]
+fn refused_everywhere_is_a_502_after_the_budget() {
+    let dead: Vec<SocketAddr> = (0..3)
+        .map(|_| {
+            TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+        })
+        .collect();
+    let mut cfg = Config {
+        listen: "127.0.0.1:0".into(),
+        workers: dead.iter().map(|a| format!("http://{a}")).collect(),
+        policy: PolicyKind::LeastRequest,
+        shards: Some(1),
+        admin_listen: String::new(),
+        health_check_interval_secs: 0,
+        retry_max: 2,
+        retry_initial_backoff_ms: 5,
+        ..Config::default()
+    };
+    cfg.retry_budget_cap = 100;
+    let gw = gateway::start(cfg, false).unwrap();
+    let r = post(gw.local_addr(), "/v1/completions", &completion(0, 2));
+    assert_eq!(r.status, 502, "{}", r.text());
+    let e = r.json();
+    assert_eq!(e["error"]["type"], "upstream_error");
+    for a in &dead {
+        assert!(!r.text().contains(&a.port().to_string()), "{}", r.text());
+    }
+    loads_back_to_zero(&gw);
+    gw.shutdown();
+}
+
+/// Restarted: a killed engine is taken out by health checks, and once it answers again on the
+/// same port it is back in rotation, its indexes purged first.
+#[test]
+fn restarted_engine_is_back_in_rotation_after_health_checks() {
+    let a = engine(MODEL);
+    let b = engine(MODEL);
+    let a_addr = a.addr;
+    let gw = gateway_for(&[&a, &b], |c| {
+        c.health_check_interval_secs = 1;
+        c.health_check_timeout_secs = 1;
+        c.policy = PolicyKind::CacheAware;
+    });
+    let prompt = |i: usize| json!({"model": MODEL, "prompt": format!("{} {i}", "shared system prompt ".repeat(20)), "max_tokens": 2});
+    let r = post(gw.local_addr(), "/v1/completions", &prompt(0));
+    assert_eq!(r.status, 200);
+    a.shutdown();
+    // Requests keep succeeding while the engine is down.
+    for i in 1..6 {
+        let r = post(gw.local_addr(), "/v1/completions", &prompt(i));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-kvroute-worker"), Some("1"));
+    }
+    let w0 = gw.shared().workers.get(0).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(6), || !w0.is_healthy()),
+        "unhealthy after 3 checks"
+    );
+    let restarted = engine::server::spawn(
+        EngineConfig {
+            listen: a_addr,
+            ..engine_cfg(MODEL)
+        },
+        tokenizer(),
+    )
+    .expect("restart on the same port");
+    assert!(
+        wait_until(Duration::from_secs(6), || w0.is_healthy()),
+        "healthy after 2 checks"
+    );
+    // Back in rotation: least loaded with no affinity left for it → some request lands there.
+    let back = (10..40).any(|i| {
+        let r = post(gw.local_addr(), "/v1/completions", &json!({"model": MODEL, "prompt": format!("fresh prompt {i} {}", "x".repeat(i)), "max_tokens": 1}));
+        r.header("x-kvroute-worker") == Some("0")
+    });
+    assert!(back, "the restarted engine never served again");
+    assert!(restarted.request_stats().requests_completed >= 1);
+    loads_back_to_zero(&gw);
+    gw.shutdown();
+}
+
+/// Model-aware routing: each model goes only to its workers; missing model → 400, unknown →
+/// 404; `/v1/models` is the union and `/v1/models/{id}` answers; neither is a decision.
+#[test]
+fn models_route_to_their_workers() {
+    let alpha = engine("alpha");
+    let beta = engine("beta");
+    let gw = gateway_for(&[&alpha, &beta], |c| c.policy = PolicyKind::LeastRequest);
+    let addr = gw.local_addr();
+    for i in 0..8 {
+        for (model, worker) in [("alpha", "0"), ("beta", "1")] {
+            let body = json!({"model": model, "prompt": format!("p{i}"), "max_tokens": 1});
+            let r = post(addr, "/v1/completions", &body);
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_eq!(r.header("x-kvroute-worker"), Some(worker));
+        }
+    }
+    let r = post(addr, "/v1/completions", &json!({"prompt": "x"}));
+    assert_eq!(r.status, 400);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("model")
+    );
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"model": "gamma", "prompt": "x"}),
+    );
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    let list = get(addr, "/v1/models").json();
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        (list["object"].as_str(), ids),
+        (Some("list"), vec!["alpha", "beta"])
+    );
+    let one = get(addr, "/v1/models/beta");
+    assert_eq!((one.status, one.json()["id"].as_str()), (200, Some("beta")));
+    assert_eq!(get(addr, "/v1/models/gamma").status, 404);
+    let metrics = get(addr, "/metrics").text();
+    let decisions: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kvroute_decisions_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(decisions, 16.0, "model listings are not routing decisions");
+    assert_eq!(alpha.request_stats().requests_failed, 0);
+    assert_eq!(beta.request_stats().requests_failed, 0);
+    gw.shutdown();
+}
+
+/// A one-request upstream that records the head it got and answers 200.
+fn capture_upstream() -> (SocketAddr, std::thread::JoinHandle<String>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let h = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = Vec::new();
+        let mut tmp = [0u8; 4096];
+        while find(&buf, b"\r\n\r\n").is_none() {
+            let n = s.read(&mut tmp).unwrap();
+            buf.extend_from_slice(&tmp[..n]);
+        }
+        let body = r#"{"ok":true}"#;
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: keep-alive, x-hop\r\nx-hop: secret\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(resp.as_bytes()).unwrap();
+        String::from_utf8_lossy(&buf).to_lowercase()
+    });
+    (addr, h)
+}
+
+/// Client keys: 401 in the OpenAI shape without the right one; the worker's own key replaces
+/// the client's `Authorization` (exactly one upstream); headers named in `Connection` are
+/// stripped both ways; `x-request-id` goes up and comes back.
+#[test]
+fn api_keys_worker_keys_and_hop_by_hop_headers() {
+    let (up, seen) = capture_upstream();
+    let home = std::env::var("HOME").expect("HOME is set");
+    let gw = gateway::start(
+        Config {
+            listen: "127.0.0.1:0".into(),
+            workers: vec![format!("http://{up};api_key_env=HOME")],
+            shards: Some(1),
+            admin_listen: String::new(),
+            health_check_interval_secs: 0,
+            api_keys: vec!["sk-client".into()],
+            ..Config::default()
+        },
+        false,
+    )
+    .unwrap();
+    let addr = gw.local_addr();
+    let body = br#"{"model":"m","prompt":"x"}"#;
+    let req = |auth: &str| {
+        let mut raw = format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\n{auth}connection: close, x-private\r\nx-private: 1\r\nx-request-id: rid-9\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        raw.extend_from_slice(body);
+        send_raw(addr, &raw)
+    };
+    for auth in [
+        "",
+        "authorization: Bearer sk-wrong\r\n",
+        "authorization: Basic abc\r\n",
+    ] {
+        let r = req(auth);
+        assert_eq!(r.status, 401, "{auth:?}");
+        assert_eq!(r.json()["error"]["code"], 401);
+    }
+    assert_eq!(get(addr, "/health").status, 200, "probes need no key");
+    let r = req("authorization: Bearer sk-client\r\n");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-request-id"), Some("rid-9"));
+    assert_eq!(
+        r.header("x-hop"),
+        None,
+        "a header the worker named in Connection"
+    );
+    let head = seen.join().unwrap();
+    assert_eq!(head.matches("authorization:").count(), 1, "{head}");
+    assert!(
+        head.contains(&format!("authorization: bearer {}", home.to_lowercase())),
+        "{head}"
+    );
+    assert!(!head.contains("sk-client"), "{head}");
+    assert!(!head.contains("x-private"), "{head}");
+    assert!(head.contains("x-request-id: rid-9"), "{head}");
+    gw.shutdown();
+}
+
+fn admin(gw: &Server, method: &str, path: &str, body: &str, key: Option<&str>) -> Response {
+    let auth = key.map_or(String::new(), |k| format!("authorization: Bearer {k}\r\n"));
+    let raw = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\n{auth}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    send_raw(gw.admin_addr().unwrap(), raw.as_bytes())
+}
+
+/// The admin API: a wrong or missing key is 401; add, drain with a stream in flight (it
+/// finishes), remove (indexes purged, subscription gone), re-add (a new id).
+#[test]
+fn admin_api_adds_drains_removes_and_re_adds() {
+    let a = engine(MODEL);
+    let b = engine(MODEL);
+    let gw = gateway_for(&[&a], |c| c.admin_api_key = Some("adm".into()));
+    assert_eq!(admin(&gw, "GET", "/workers", "", None).status, 401);
+    assert_eq!(admin(&gw, "GET", "/workers", "", Some("nope")).status, 401);
+    let list = admin(&gw, "GET", "/workers", "", Some("adm")).json();
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["state"], "healthy");
+    assert_eq!(list[0]["models"], json!([MODEL]));
+    let add = admin(
+        &gw,
+        "POST",
+        "/workers",
+        &json!({"url": format!("http://{}", b.addr)}).to_string(),
+        Some("adm"),
+    );
+    assert_eq!((add.status, add.json()["id"].as_u64()), (201, Some(1)));
+    let dup = admin(
+        &gw,
+        "POST",
+        "/workers",
+        &json!({"url": format!("http://{}", b.addr)}).to_string(),
+        Some("adm"),
+    );
+    assert_eq!(dup.status, 409);
+    assert_eq!(
+        admin(&gw, "POST", "/workers", r#"{"url":"ftp://x"}"#, Some("adm")).status,
+        400
+    );
+    // A long stream on worker 0 (seq 0 → the first eligible), then drain worker 0.
+    let long = serde_json::to_vec(&chat("a long answer please", 300)).unwrap();
+    let mut stream = open_post(gw.local_addr(), "/v1/chat/completions", &long);
+    let mut first = [0u8; 256];
+    let n = stream.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).contains("x-kvroute-worker: 0"));
+    assert_eq!(
+        admin(&gw, "POST", "/workers/0/drain", "", Some("adm")).json()["state"],
+        "draining"
+    );
+    for i in 0..4 {
+        let r = post(gw.local_addr(), "/v1/completions", &completion(i, 1));
+        assert_eq!(
+            r.header("x-kvroute-worker"),
+            Some("1"),
+            "a draining worker takes nothing new"
+        );
+    }
+    // The connection stays open (keep-alive): read up to the chunked terminator.
+    let mut rest = Vec::new();
+    let mut tmp = [0u8; 4096];
+    while !rest.ends_with(b"0\r\n\r\n") {
+        let n = stream
+            .read(&mut tmp)
+            .expect("the drained worker's stream goes on");
+        assert!(n > 0, "closed before the stream ended");
+        rest.extend_from_slice(&tmp[..n]);
+    }
+    assert!(
+        String::from_utf8_lossy(&rest).contains("data: [DONE]"),
+        "the stream finished"
+    );
+    let del = admin(&gw, "DELETE", "/workers/0", "", Some("adm"));
+    assert_eq!(del.status, 200);
+    let list = admin(&gw, "GET", "/workers", "", Some("adm")).json();
+    let ids: Vec<u64> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, vec![1]);
+    assert_eq!(
+        admin(&gw, "DELETE", "/workers/0", "", Some("adm")).status,
+        404
+    );
+    let again = admin(
+        &gw,
+        "POST",
+        "/workers",
+        &json!({"url": format!("http://{}", a.addr)}).to_string(),
+        Some("adm"),
+    );
+    assert_eq!((again.status, again.json()["id"].as_u64()), (201, Some(2)));
+    loads_back_to_zero(&gw);
+    gw.shutdown();
+}
+
+/// SIGTERM's path: readiness turns false, streams in flight finish, new connections are
+/// refused, and nothing is cut.
+#[test]
+fn shutdown_lets_streams_in_flight_finish() {
+    let a = engine(MODEL);
+    let gw = gateway_for(&[&a], |c| c.shutdown_timeout_secs = 10);
+    let addr = gw.local_addr();
+    assert_eq!(get(addr, "/readiness").status, 200);
+    let long = serde_json::to_vec(&chat("a long answer please", 400)).unwrap();
+    let mut streams: Vec<TcpStream> = (0..2)
+        .map(|_| open_post(addr, "/v1/chat/completions", &long))
+        .collect();
+    for s in &mut streams {
+        let mut first = [0u8; 64];
+        assert!(s.read(&mut first).unwrap() > 0);
+    }
+    let shared = gw.shared().clone();
+    let stopper = std::thread::spawn(move || gw.shutdown());
+    assert!(wait_until(Duration::from_secs(2), || shared.is_shutting_down()));
+    assert!(!shared.is_ready());
+    for s in &mut streams {
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        assert!(String::from_utf8_lossy(&rest).contains("data: [DONE]"));
+    }
+    assert_eq!(stopper.join().unwrap(), 0, "no exchange cut");
+    assert!(TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err());
+    assert_eq!(a.request_stats().requests_completed, 2);
+}
+
+/// Bad input and slow clients get clear errors and the server keeps serving: a port another
+/// process holds, a head that never completes (408), too many connections (503).
+#[test]
+fn port_in_use_slow_clients_and_connection_limits() {
+    let a = engine(MODEL);
+    let gw = gateway_for(&[&a], |c| {
+        c.client_header_timeout_secs = 1;
+        c.max_connections_per_shard = 2;
+    });
+    let addr = gw.local_addr();
+    // A second gateway on the same port fails with a clear error.
+    let second = gateway::start(
+        Config {
+            listen: addr.to_string(),
+            workers: vec![format!("http://{}", a.addr)],
+            admin_listen: String::new(),
+            ..Config::default()
+        },
+        false,
+    );
+    let err = second.err().expect("the port is taken").to_string();
+    assert!(err.contains("already in use"), "{err}");
+    // Slowloris: half a head, then nothing.
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
+        .unwrap();
+    let t0 = Instant::now();
+    let r = read_response(&mut slow);
+    assert_eq!(r.status, 408);
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    // Two idle connections fill the shard; the third is refused with 503.
+    let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut third = TcpStream::connect(addr).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(read_response(&mut third).status, 503);
+    drop(idle);
+    assert!(wait_until(Duration::from_secs(3), || get(addr, "/health")
+        .status
+        == 200));
+    gw.shutdown();
+}
