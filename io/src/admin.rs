@@ -100,19 +100,6 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn constant_time_eq_is_equality() {
-        assert!(constant_time_eq(b"sk-abc", b"sk-abc"));
-        assert!(!constant_time_eq(b"sk-abc", b"sk-abd"));
-        assert!(!constant_time_eq(b"sk-abc", b"sk-ab"));
-        assert!(constant_time_eq(b"", b""));
-    }
-}
-
 /// Admin requests served at once; more are answered 503.
 const MAX_ADMIN_CONNECTIONS: usize = 16;
 /// Largest admin request body, bytes.
@@ -391,4 +378,17 @@ fn write_answer(mut stream: std::net::TcpStream, status: u16, body: &[u8]) -> st
     );
     stream.write_all(head.as_bytes())?;
     stream.write_all(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"sk-abc", b"sk-abc"));
+        assert!(!constant_time_eq(b"sk-abc", b"sk-abd"));
+        assert!(!constant_time_eq(b"sk-abc", b"sk-ab"));
+        assert!(constant_time_eq(b"", b""));
+    }
 }

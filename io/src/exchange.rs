@@ -353,20 +353,33 @@ enum Stop {
     NoWorker(Option<ProxyError>),
 }
 
+/// What [`attempts`] sends: the client's request with `body` (its own, or a migration's
+/// continuation), routed on `key` with sequence number `seq`.
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    req: &'a Request,
+    body: &'a [u8],
+    key: &'a RouteKey,
+    seq: u64,
+}
+
 /// Attempts `body` (the request's, or a migration's continuation) on eligible workers not in
 /// `tried` until one answers with its first bytes, retrying failures elsewhere while
 /// [`may_retry`] allows. A worker's own 502/503/504 is returned as its answer once no retry is
 /// left. Each failed worker is added to `tried`; nothing is recorded in the indexes for it.
 async fn attempts(
     ctx: &ShardCtx,
-    req: &Request,
-    body: &[u8],
-    key: &RouteKey,
-    seq: u64,
+    job: &Job<'_>,
     tried: &mut Vec<usize>,
     rec: &mut Record<'_>,
     sink: &impl ResponseSink,
 ) -> Result<Committed, Stop> {
+    let Job {
+        req,
+        body,
+        key,
+        seq,
+    } = *job;
     let shared = &ctx.shared;
     let settings = &shared.settings;
     let mut rng = rand::rng();
@@ -507,7 +520,13 @@ async fn proxy(
     shared.retry_budget.deposit();
     let settings = &shared.settings;
     let mut tried: Vec<usize> = Vec::new();
-    let c = match attempts(ctx, req, &req.body, &key, seq, &mut tried, rec, sink).await {
+    let job = Job {
+        req,
+        body: &req.body,
+        key: &key,
+        seq,
+    };
+    let c = match attempts(ctx, &job, &mut tried, rec, sink).await {
         Ok(c) => c,
         Err(Stop::ClientGone) => {
             rec.error = Some("client_gone");
@@ -598,7 +617,8 @@ async fn proxy(
                     .and_then(|t| t.continuation(&req.body));
                 if let (Some(body), Some(t)) = (continuation, tracker.as_mut()) {
                     rec.migrations += 1;
-                    match attempts(ctx, req, &body, &key, seq, &mut tried, rec, sink).await {
+                    let job = Job { body: &body, ..job };
+                    match attempts(ctx, &job, &mut tried, rec, sink).await {
                         Ok(next) if next.head.status == 200 => {
                             shared.metrics.on_migration(worker.id, "resumed");
                             t.next_segment();
