@@ -6,4 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The gateway-only binary: io's library and `kvroute serve` build without the bench crate.
+cargo build -p kvroute-io --no-default-features --bin kvroute
 cargo test --workspace

@@ -1,32 +1,54 @@
-//! [`Conn`]: a monoio TCP stream with a read buffer, for both sides of the proxy.
+//! [`Conn`]: a monoio stream with a read buffer, for both sides of the proxy; generic over
+//! its [`Transport`] (TCP today; TLS wraps a TCP stream the same way).
 //!
 //! monoio hands buffers to the kernel (io_uring owns them while a read is in flight), so
 //! reads append into the spare capacity of an owned `Vec` and writes pass the `Vec` by value
 //! and get it back.
 
 use monoio::buf::{IoBuf, IoBufMut};
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 use std::io;
 
 /// Smallest free space offered to one read, in bytes.
 const MIN_READ_SPACE: usize = 16 * 1024;
 
-/// A TCP connection plus the bytes read from it but not consumed yet.
+/// A byte stream a [`Conn`] can run on: readable, writable, and able to tell when its peer
+/// has gone while nothing is being read (bug-cases.md B41).
+pub trait Transport: AsyncReadRent + AsyncWriteRent {
+    /// Resolves once the peer has gone (EOF or reset); never while it is there, even when it
+    /// sends data (which stays unread for the next exchange).
+    fn peer_gone(&self) -> impl std::future::Future<Output = ()>;
+}
+
+impl Transport for TcpStream {
+    async fn peer_gone(&self) {
+        peer_gone(self).await
+    }
+}
+
+/// A connection plus the bytes read from it but not consumed yet.
 ///
 /// # Invariants
 /// 1. `buf[..]` holds exactly the unconsumed bytes, in arrival order.
-pub struct Conn {
-    /// The socket.
-    pub stream: TcpStream,
+pub struct Conn<S = TcpStream> {
+    /// The transport.
+    pub stream: S,
     buf: Vec<u8>,
 }
 
-impl Conn {
+impl Conn<TcpStream> {
     /// Wraps `stream` with an empty buffer; sets `TCP_NODELAY` (SSE chunks are small and
     /// latency-bound).
     pub fn new(stream: TcpStream) -> Self {
         let _ = stream.set_nodelay(true);
+        Self::over(stream)
+    }
+}
+
+impl<S: AsyncReadRent + AsyncWriteRent> Conn<S> {
+    /// Wraps any transport with an empty buffer.
+    pub fn over(stream: S) -> Self {
         Self {
             stream,
             buf: Vec::with_capacity(MIN_READ_SPACE),

@@ -670,6 +670,7 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
 fn main() -> anyhow::Result<()> {
     let matches = with_defaults(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches)?;
+    #[allow(unreachable_patterns)] // `serve` is the only subcommand without `bench`
     let log_format = match &cli.command {
         Command::Serve(args) => args.log_format.unwrap_or_default(),
         _ => Default::default(),

@@ -264,7 +264,8 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 let open = open.clone();
                 open.set(open.get() + 1);
                 monoio::spawn(async move {
-                    crate::http1::server::serve_connection(ctx, stream).await;
+                    crate::http1::server::serve_connection(ctx, crate::conn::Conn::new(stream))
+                        .await;
                     open.set(open.get() - 1);
                 });
             }

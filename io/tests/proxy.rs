@@ -227,11 +227,8 @@ fn cache_aware_keeps_a_conversation_and_misses_on_a_shared_system_prompt() {
     let mut holder = open_post(addr, "/v1/chat/completions", &long);
     let mut first = [0u8; 64];
     let _ = holder.read(&mut first).unwrap();
-    let w1_id = if w1.ends_with(&engines[0].addr.port().to_string()) {
-        0
-    } else {
-        1
-    };
+    // `x-kvroute-worker` is the worker's id.
+    let w1_id: usize = w1.parse().expect("a worker id");
     assert!(wait_until(Duration::from_secs(2), || gw
         .shared()
         .workers

@@ -9,7 +9,7 @@
 //! connection closes silently after `client_idle_timeout`.
 
 use super::{ChunkedDecoder, Framing, RequestHead, parse_request_head};
-use crate::conn::Conn;
+use crate::conn::{Conn, Transport};
 use crate::error::HttpError;
 use crate::exchange::{self, ShardCtx};
 use crate::message::{ApiError, BodyKind, Request, ResponseSink, respond_error};
@@ -18,8 +18,7 @@ use std::time::{Duration, Instant};
 
 /// Serves one client connection until it closes, errs, asks to close, or the gateway shuts
 /// down between two requests.
-pub async fn serve_connection(ctx: ShardCtx, stream: monoio::net::TcpStream) {
-    let mut client = Conn::new(stream);
+pub async fn serve_connection<S: Transport>(ctx: ShardCtx, mut client: Conn<S>) {
     let s = &ctx.shared.settings;
     loop {
         if ctx.shared.is_shutting_down() && client.buffered().is_empty() {
@@ -68,7 +67,12 @@ pub async fn serve_connection(ctx: ShardCtx, stream: monoio::net::TcpStream) {
 
 /// Answers a request that could not be parsed (it never reaches the exchange, but is counted
 /// and logged like every other: [`exchange::reject`]) and closes.
-async fn reject(ctx: &ShardCtx, client: &mut Conn, e: &HttpError, received: Instant) {
+async fn reject<S: Transport>(
+    ctx: &ShardCtx,
+    client: &mut Conn<S>,
+    e: &HttpError,
+    received: Instant,
+) {
     let err = ApiError::new(e.status(), e.to_string());
     let mut sink = Http1Sink::new(client, false);
     exchange::reject(ctx, &err, e.kind(), received);
@@ -114,8 +118,8 @@ fn to_request(head: RequestHead, body: Vec<u8>, received: Instant) -> Result<Req
 /// # Errors
 /// [`HttpError::HeadTooLarge`], [`HttpError::Malformed`], or [`HttpError::Timeout`] when the
 /// head started but did not complete within `header_timeout`.
-async fn read_head(
-    client: &mut Conn,
+async fn read_head<S: Transport>(
+    client: &mut Conn<S>,
     max_head: usize,
     idle_timeout: Duration,
     header_timeout: Duration,
@@ -159,7 +163,7 @@ impl From<HttpError> for BodyError {
 }
 
 /// One read of a body, allowed `timeout` (a stalled upload is a slow client).
-async fn fill_body(client: &mut Conn, timeout: Duration) -> Result<(), BodyError> {
+async fn fill_body<S: Transport>(client: &mut Conn<S>, timeout: Duration) -> Result<(), BodyError> {
     match monoio::time::timeout(timeout, client.fill()).await {
         Ok(Ok(n)) if n > 0 => Ok(()),
         Ok(_) => Err(BodyError::Closed),
@@ -168,8 +172,8 @@ async fn fill_body(client: &mut Conn, timeout: Duration) -> Result<(), BodyError
 }
 
 /// Reads the whole request body (the router must see it to route), de-chunking if needed.
-async fn read_body(
-    client: &mut Conn,
+async fn read_body<S: Transport>(
+    client: &mut Conn<S>,
     head: &RequestHead,
     max_body: usize,
     timeout: Duration,
@@ -210,7 +214,7 @@ async fn read_body(
     }
 }
 
-async fn send_continue(client: &mut Conn, head: &RequestHead) {
+async fn send_continue<S: Transport>(client: &mut Conn<S>, head: &RequestHead) {
     if head.expect_continue && client.buffered().is_empty() {
         let _ = client
             .write_all(b"HTTP/1.1 100 Continue\r\n\r\n".to_vec())
@@ -225,17 +229,17 @@ async fn send_continue(client: &mut Conn, head: &RequestHead) {
 /// # Invariants
 /// 1. At most one head is written; data is written only after it.
 /// 2. A `Length` body is written with no framing; a `Stream` body as chunks ending `0\r\n\r\n`.
-pub struct Http1Sink<'a> {
-    client: &'a mut Conn,
+pub struct Http1Sink<'a, S: Transport> {
+    client: &'a mut Conn<S>,
     keep_alive: bool,
     body: Option<BodyKind>,
     finished: bool,
     failed: bool,
 }
 
-impl<'a> Http1Sink<'a> {
+impl<'a, S: Transport> Http1Sink<'a, S> {
     /// A sink on `client`; `keep_alive` is what the client asked for.
-    pub fn new(client: &'a mut Conn, keep_alive: bool) -> Self {
+    pub fn new(client: &'a mut Conn<S>, keep_alive: bool) -> Self {
         Self {
             client,
             keep_alive,
@@ -252,7 +256,7 @@ impl<'a> Http1Sink<'a> {
     }
 }
 
-impl ResponseSink for Http1Sink<'_> {
+impl<S: Transport> ResponseSink for Http1Sink<'_, S> {
     async fn send_head(
         &mut self,
         status: u16,
@@ -315,7 +319,7 @@ impl ResponseSink for Http1Sink<'_> {
     }
 
     async fn client_gone(&self) {
-        crate::conn::peer_gone(&self.client.stream).await
+        self.client.stream.peer_gone().await
     }
 
     fn head_sent(&self) -> bool {
