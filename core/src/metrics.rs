@@ -139,7 +139,7 @@ impl Phase {
 pub enum Breaker {
     /// Requests flow (0).
     Closed = 0,
-    /// One probe request allowed (1).
+    /// Requests flow as probes: one failure reopens it (1).
     HalfOpen = 1,
     /// No requests sent (2).
     Open = 2,
@@ -384,8 +384,8 @@ impl Metrics {
         }
     }
 
-    /// A failed exchange with `worker` (id), `kind` one of `connect`, `timeout`,
-    /// `first_byte_timeout`, `upstream`, `status_5xx`, `upstream_body`, `client_gone`
+    /// A failed exchange with `worker` (id), `kind` one of `connect`, `first_byte_timeout`,
+    /// `upstream`, `status_5xx`, `upstream_body`, `client_gone`
     /// (`kvroute_worker_errors_total`).
     pub fn on_worker_error(&self, worker: usize, kind: &str) {
         self.worker_errors

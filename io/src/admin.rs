@@ -5,11 +5,12 @@
 use crate::state::Shared;
 use kvroute_core::events::StreamStats;
 use kvroute_core::health::BreakerState;
-use kvroute_core::metrics::{Breaker, Format, StreamSample, WorkerState};
+use kvroute_core::metrics::{Breaker, Format, IndexSize, StreamSample, WorkerState};
 
 /// The whole `/metrics` text in `format`: every counter and histogram, each present worker's
-/// gauges (in flight, foreign, healthy, breaker state, draining), and the KV-event streams
-/// (`kvroute_kv_events_*{worker,rank}`, `kvroute_kv_indexed_blocks`).
+/// gauges (in flight, foreign, healthy, breaker state, draining), the indexes' sizes
+/// (`kvroute_index_size{index,model}`: tree chars and tokens per model, event-index blocks),
+/// and the KV-event streams (`kvroute_kv_events_*{worker,rank}`, `kvroute_kv_indexed_blocks`).
 pub fn metrics_text(shared: &Shared, format: Format) -> String {
     let now = shared.now_ms();
     for w in shared.workers.iter() {
@@ -27,8 +28,29 @@ pub fn metrics_text(shared: &Shared, format: Format) -> String {
             },
         );
     }
+    let mut sizes = Vec::new();
+    for (model, chars, tokens) in shared.router.index_sizes() {
+        for (index, size) in [("tree_chars", chars), ("tree_tokens", tokens)] {
+            sizes.push(IndexSize {
+                index: index.into(),
+                model: model.clone(),
+                size: size as u64,
+            });
+        }
+    }
     if let Some(ix) = &shared.events {
         let ix = crate::zmq::lock(ix);
+        let blocks: usize = shared
+            .workers
+            .iter()
+            .iter()
+            .map(|w| ix.worker_blocks(w.id as u32))
+            .sum();
+        sizes.push(IndexSize {
+            index: "kv_event_blocks".into(),
+            model: String::new(),
+            size: blocks as u64,
+        });
         let streams = ix
             .stats()
             .into_iter()
@@ -41,6 +63,7 @@ pub fn metrics_text(shared: &Shared, format: Format) -> String {
         drop(ix);
         shared.metrics.set_event_streams(streams);
     }
+    shared.metrics.set_index_sizes(sizes);
     shared.metrics.encode_as(&shared.workers, format)
 }
 
@@ -87,6 +110,16 @@ pub fn stream_json(rank: u32, st: &StreamStats, keys: usize) -> serde_json::Valu
         "declared_size_mismatches": st.declared_size_mismatches,
         "last_seq": st.last_seq, "learned_block_size": st.learned_block_size,
     })
+}
+
+/// The token of an `Authorization: Bearer TOKEN` value (the scheme is case-insensitive,
+/// RFC 9110 §11.1), trimmed; `None` for another scheme.
+pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, token) = value.split_at_checked(7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then(|| token.trim_ascii())
+        .filter(|t| !t.is_empty())
 }
 
 /// `a == b` in time that depends on their lengths only, not on where they differ (an API
@@ -238,8 +271,8 @@ fn serve_admin(
         head.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case("authorization"))
-            .and_then(|(_, v)| v.strip_prefix(b"Bearer "))
-            .is_some_and(|given| constant_time_eq(given.trim_ascii(), k.as_bytes()))
+            .and_then(|(_, v)| bearer_token(v))
+            .is_some_and(|given| constant_time_eq(given, k.as_bytes()))
     });
     let (status, answer) = if authorized {
         admin_route(shared, &head.method, head.path(), body)
@@ -383,6 +416,16 @@ fn write_answer(mut stream: std::net::TcpStream, status: u16, body: &[u8]) -> st
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bearer_tokens() {
+        assert_eq!(bearer_token(b"Bearer sk-1"), Some(&b"sk-1"[..]));
+        assert_eq!(bearer_token(b"bearer  sk-1 "), Some(&b"sk-1"[..]));
+        assert_eq!(bearer_token(b"BEARER sk-1"), Some(&b"sk-1"[..]));
+        assert_eq!(bearer_token(b"Basic abc"), None);
+        assert_eq!(bearer_token(b"Bearer "), None);
+        assert_eq!(bearer_token(b"Bear"), None);
+    }
 
     #[test]
     fn constant_time_eq_is_equality() {

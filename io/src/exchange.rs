@@ -413,12 +413,18 @@ async fn attempts(
         let Some(worker) = view.worker(decision.worker).cloned() else {
             return Err(Stop::NoWorker(last));
         };
+        // A retry needs somewhere to go: with no other eligible worker, this attempt's answer
+        // (or error) is the request's.
+        let others = view.eligible.iter().any(|&w| w != worker.id);
         // Counted before the request leaves (B1); released exactly once when the guard
         // drops: at the end of the relay, on a failed attempt, or when the client leaves.
         let guard = worker.acquire();
         rec.upstream_sent.get_or_insert_with(Instant::now);
         rec.worker = Some(worker.id);
-        let request = upstream::build_request(&req.parts, body, &worker, &rec.request_id);
+        // With client keys configured, the client's key is kvroute's: it never goes upstream.
+        let strip_auth = !shared.api_keys.is_empty();
+        let request =
+            upstream::build_request(&req.parts, body, &worker, &rec.request_id, strip_auth);
         let send = upstream::send(
             &ctx.pool,
             &worker,
@@ -452,7 +458,7 @@ async fn attempts(
             Ok((conn, head)) => {
                 worker.record_outcome(Outcome::Failure, now);
                 shared.metrics.on_worker_error(worker.id, "status_5xx");
-                if !may_retry(shared, rec, tried, "status_5xx", worker.id) {
+                if !others || !may_retry(shared, rec, tried, "status_5xx", worker.id) {
                     // No retry left: the worker's own answer goes to the client.
                     return Ok(Committed {
                         worker,
@@ -467,7 +473,7 @@ async fn attempts(
                 worker.record_outcome(Outcome::Failure, now);
                 shared.metrics.on_worker_error(worker.id, err.kind());
                 tracing::warn!(worker = worker.id, error = %err, request_id = %rec.request_id, "attempt failed");
-                if !may_retry(shared, rec, tried, err.kind(), worker.id) {
+                if !others || !may_retry(shared, rec, tried, err.kind(), worker.id) {
                     return Err(Stop::NoWorker(Some(err)));
                 }
                 last = Some(err);
@@ -604,6 +610,23 @@ async fn proxy(
             RelayEnd::ClientGone => {
                 shared.metrics.on_worker_error(worker.id, "client_gone");
                 rec.error = Some("client_gone");
+                return;
+            }
+            RelayEnd::TimedOut { sse } => {
+                tracing::warn!(worker = worker.id, request_id = %rec.request_id, secs = settings.request_timeout.as_secs(), "request timeout mid-stream");
+                rec.error = Some("request_timeout");
+                drop(guard);
+                sink.close_after();
+                if sse {
+                    let msg = format!(
+                        "request exceeded --request-timeout-secs ({} s)",
+                        settings.request_timeout.as_secs()
+                    );
+                    let (res, _) = sink.send_data(relay::sse_error_event(504, &msg)).await;
+                    if res.is_ok() {
+                        let _ = sink.finish().await;
+                    }
+                }
                 return;
             }
             RelayEnd::UpstreamFailed { sse } => {

@@ -159,7 +159,11 @@ pub fn add_worker(
     })?;
     let (healthy, models) = match checks {
         Some(c) => {
-            let probe = crate::health::probe(addr, &spec.url, c.timeout);
+            let key = spec
+                .api_key_env
+                .as_ref()
+                .and_then(|v| std::env::var(v).ok());
+            let probe = crate::health::probe(addr, &spec.url, c.timeout, key.as_deref());
             if !probe.healthy {
                 tracing::warn!(worker = %spec.url, "worker unreachable at start-up: starts unhealthy");
             }
@@ -215,6 +219,7 @@ pub fn remove_worker(shared: &Shared, id: usize, wait: Duration) -> bool {
         sub.cancel();
     }
     shared.purge_worker(id);
+    shared.metrics.forget_worker(id);
     tracing::info!(id, worker = %w.url, cut = w.in_flight(), "worker removed");
     true
 }
@@ -259,11 +264,20 @@ pub fn apply_workers(
         .filter(|w| !specs.iter().any(|s| s.url == w.url))
         .map(|w| w.id)
         .collect();
-    let mut added = Vec::new();
-    for spec in specs
+    let new: Vec<&WorkerSpec> = specs
         .iter()
         .filter(|s| shared.workers.find_url(&s.url).is_none())
-    {
+        .collect();
+    // Every new host must resolve before anything changes.
+    for spec in &new {
+        let (_, host, port) = kvroute_core::config::parse_worker_url(&spec.url)?;
+        shard::resolve(&host, port).map_err(|source| GatewayError::Resolve {
+            url: spec.url.clone(),
+            source,
+        })?;
+    }
+    let mut added = Vec::new();
+    for spec in new {
         added.push(add_worker(
             shared,
             spec,

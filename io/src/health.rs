@@ -40,7 +40,8 @@ impl Checks {
 }
 
 /// One `GET path` to `addr` with HTTP/1.0 (the answer ends with the connection, never
-/// chunked): `(status, body)`.
+/// chunked), with the worker's own `key` as a bearer token when it has one (vLLM's
+/// `--api-key` guards `/v1/*`): `(status, body)`.
 ///
 /// # Errors
 /// Connect or read error, a timeout, or a response that is not HTTP.
@@ -49,13 +50,15 @@ pub fn http_get(
     authority: &str,
     path: &str,
     timeout: Duration,
+    key: Option<&str>,
 ) -> std::io::Result<(u16, Vec<u8>)> {
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
     write!(
         s,
-        "GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: */*\r\n\r\n"
+        "GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: */*\r\n{auth}\r\n"
     )?;
     let mut resp = Vec::new();
     s.take(MAX_RESPONSE_BYTES).read_to_end(&mut resp)?;
@@ -82,12 +85,15 @@ pub struct Probe {
     pub models: Option<Vec<String>>,
 }
 
-/// Checks the worker at `addr` once (`url` for its `Host`).
-pub fn probe(addr: SocketAddr, url: &str, timeout: Duration) -> Probe {
+/// Checks the worker at `addr` once (`url` for its `Host`, `key` its own API key).
+pub fn probe(addr: SocketAddr, url: &str, timeout: Duration, key: Option<&str>) -> Probe {
     let authority = url.strip_prefix("http://").unwrap_or(url);
-    let healthy = matches!(http_get(addr, authority, "/health", timeout), Ok((200, _)));
+    let healthy = matches!(
+        http_get(addr, authority, "/health", timeout, key),
+        Ok((200, _))
+    );
     let models = healthy
-        .then(|| http_get(addr, authority, "/v1/models", timeout).ok())
+        .then(|| http_get(addr, authority, "/v1/models", timeout, key).ok())
         .flatten()
         .and_then(|(status, body)| (status == 200).then(|| model_ids(&body)).flatten());
     Probe { healthy, models }
@@ -136,7 +142,7 @@ pub fn start(shared: &Arc<Shared>, checks: Checks) -> std::io::Result<()> {
 fn round(shared: &Shared, timeout: Duration) {
     for w in shared.workers.iter() {
         let Some(addr) = w.addr else { continue };
-        let p = probe(addr, &w.url, timeout);
+        let p = probe(addr, &w.url, timeout, w.api_key.as_deref());
         if let Some(models) = p.models {
             w.set_models(models);
         }

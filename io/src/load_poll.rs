@@ -30,6 +30,7 @@ pub fn start(workers: &Arc<Workers>, every: Duration, timeout: Duration) -> std:
                         &worker.authority,
                         "/metrics",
                         timeout,
+                        worker.api_key.as_deref(),
                     )
                     .inspect_err(
                         |e| tracing::debug!(worker = worker.id, error = %e, "load report failed"),

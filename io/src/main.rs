@@ -220,7 +220,7 @@ struct ServeArgs {
     admin_api_key: Option<String>,
     /// A client API key (repeatable): inference and model routes need
     /// `Authorization: Bearer KEY` [default: no authentication].
-    #[arg(long = "api-key", hide_env_values = true)]
+    #[arg(long = "api-key")]
     api_keys: Vec<String>,
     /// A file of client API keys, one per line (`#` comments).
     #[arg(long)]
@@ -670,12 +670,10 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
 fn main() -> anyhow::Result<()> {
     let matches = with_defaults(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches)?;
-    #[allow(unreachable_patterns)] // `serve` is the only subcommand without `bench`
-    let log_format = match &cli.command {
-        Command::Serve(args) => args.log_format.unwrap_or_default(),
-        _ => Default::default(),
-    };
-    init_logging(log_format);
+    // `serve` may take its log format from its config file: it starts logging itself.
+    if !matches!(cli.command, Command::Serve(_)) {
+        init_logging(Default::default());
+    }
     match cli.command {
         Command::Serve(args) => serve(*args),
         #[cfg(feature = "bench")]
@@ -726,6 +724,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let force_epoll = args.force_epoll;
     let config_path = args.config.clone();
     let cfg = args.into_config()?;
+    // The log format may come from the config file: logging starts once it is read.
+    init_logging(cfg.log_format);
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let server = gateway::start(cfg, force_epoll)?;
     for sig in signals.forever() {

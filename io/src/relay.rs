@@ -32,10 +32,17 @@ pub enum RelayEnd {
     },
     /// The client went away (write failed); the worker connection was dropped.
     ClientGone,
-    /// The worker failed or timed out mid-body; nothing ended the client's body yet.
+    /// The worker failed mid-body (closed, reset, broken framing); nothing ended the
+    /// client's body yet.
     UpstreamFailed {
         /// The response is an SSE stream (`text/event-stream`): it can be ended cleanly with
         /// an error event.
+        sse: bool,
+    },
+    /// The whole-exchange deadline (`--request-timeout-secs`) passed mid-body: the router's
+    /// limit, not the worker's fault (no breaker failure, no migration).
+    TimedOut {
+        /// As for [`RelayEnd::UpstreamFailed`].
         sse: bool,
     },
 }
@@ -199,7 +206,7 @@ pub async fn relay_body(
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return RelayEnd::UpstreamFailed { sse };
+            return RelayEnd::TimedOut { sse };
         }
         pending.clear();
         pending.reserve(RELAY_READ_BYTES);

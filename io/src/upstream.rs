@@ -111,13 +111,15 @@ fn connection_named<'a>(headers: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> 
 /// Builds the request sent to `worker`: the client's method and target, its end-to-end
 /// headers (hop-by-hop ones and those named in its `Connection` header removed), `Host` set
 /// to the worker, `x-request-id`, the worker's own key as `Authorization` when it has one
-/// (replacing the client's: exactly one goes upstream), and the body unchanged with a
-/// `Content-Length`.
+/// (replacing the client's: at most one goes upstream), and the body unchanged with a
+/// `Content-Length`. `strip_client_auth`: drop the client's `Authorization` even when the
+/// worker has no key (it was kvroute's own client key).
 pub fn build_request(
     parts: &http::request::Parts,
     body: &[u8],
     worker: &Worker,
     request_id: &str,
+    strip_client_auth: bool,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(512 + body.len());
     out.extend_from_slice(parts.method.as_str().as_bytes());
@@ -137,7 +139,7 @@ pub fn build_request(
         if http1::is_hop_by_hop(n)
             || named.iter().any(|x| x.as_slice() == n.as_bytes())
             || n == "x-request-id"
-            || (n == "authorization" && worker.api_key.is_some())
+            || (n == "authorization" && (worker.api_key.is_some() || strip_client_auth))
         {
             continue;
         }

@@ -352,6 +352,15 @@ fn restarted_engine_is_back_in_rotation_after_health_checks() {
         r.header("x-kvroute-worker") == Some("0")
     });
     assert!(back, "the restarted engine never served again");
+    // The tree's size is exported per model.
+    let metrics = get(gw.local_addr(), "/metrics").text();
+    let chars = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("kvroute_index_size{") && l.contains("tree_chars") && l.contains(MODEL)
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(chars.is_some_and(|c| c > 0.0), "{metrics}");
     assert!(restarted.request_stats().requests_completed >= 1);
     loads_back_to_zero(&gw);
     gw.shutdown();
@@ -672,5 +681,60 @@ fn port_in_use_slow_clients_and_connection_limits() {
     assert!(wait_until(Duration::from_secs(3), || get(addr, "/health")
         .status
         == 200));
+    gw.shutdown();
+}
+
+/// A lone worker's own 503 reaches the client as it is (no retry can go anywhere, none is
+/// counted); a stream cut by `--request-timeout-secs` ends with an error event and does not
+/// count against the worker's breaker.
+#[test]
+fn a_lone_workers_503_and_the_request_timeout() {
+    let busy = faulty(EngineFaults {
+        status: Some(503),
+        ..EngineFaults::default()
+    });
+    let gw = gateway_for(&[&busy], |_| {});
+    let r = post(gw.local_addr(), "/v1/completions", &completion(0, 2));
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.header("x-kvroute-worker"),
+        Some("0"),
+        "the worker's own answer"
+    );
+    let metrics = get(gw.local_addr(), "/metrics").text();
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("kvroute_retries_total{")),
+        "{metrics}"
+    );
+    gw.shutdown();
+
+    let slow = engine(MODEL);
+    let gw = gateway_for(&[&slow], |c| c.request_timeout_secs = 1);
+    let r = post(
+        gw.local_addr(),
+        "/v1/chat/completions",
+        &chat("a very long answer", 4000),
+    );
+    assert_eq!(r.status, 200);
+    let (_, error, done) = stream_text(&r.body);
+    assert!(error && done, "{}", r.text());
+    assert!(r.text().contains("request-timeout-secs"), "{}", r.text());
+    let w = gw.shared().workers.get(0).unwrap();
+    for _ in 0..3 {
+        let r = post(
+            gw.local_addr(),
+            "/v1/chat/completions",
+            &chat("a very long answer", 4000),
+        );
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(
+        w.breaker_state(gw.shared().now_ms()),
+        kvroute_core::health::BreakerState::Closed,
+        "the router's own limit is not the worker's failure"
+    );
+    loads_back_to_zero(&gw);
     gw.shutdown();
 }

@@ -629,6 +629,25 @@ impl Router {
             .get(model)
             .map_or(0, |m| m.tokens.read().total_tokens())
     }
+
+    /// The approximate indexes' sizes as published now (no flush, no wait): per model,
+    /// `(model, string-tree chars, token-tree tokens)`, models in name order.
+    pub fn index_sizes(&self) -> Vec<(String, usize, usize)> {
+        let mut out: Vec<(String, usize, usize)> = self
+            .models
+            .read()
+            .iter()
+            .map(|(name, m)| {
+                (
+                    name.clone(),
+                    m.strings.read().total_chars(),
+                    m.tokens.read().total_tokens(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
 }
 
 #[cfg(test)]
