@@ -91,7 +91,7 @@ done
 for i in $(seq 1 "$engines"); do
     wait_healthy "${ports[$i]}"
 done
-"$bin" serve --listen "127.0.0.1:$router_port" "${workers[@]}" >"$out/router.log" 2>&1 &
+"$bin" serve --listen "127.0.0.1:$router_port" --admin-listen 127.0.0.1:0 "${workers[@]}" >"$out/router.log" 2>&1 &
 router=$!
 pids+=("$router")
 wait_healthy "$router_port"

@@ -7,8 +7,8 @@
 //!    this request already tried;
 //! 2. the decision is read-only; the load guard is taken before the request is sent (B1);
 //! 3. the client hears nothing until the worker's first body byte (the head is held), so a
-//!    worker that refuses, resets, stalls past `--first-byte-timeout-secs` or answers
-//!    502/503/504 is retried on another worker after a jittered backoff, while retries, the
+//!    worker that refuses, resets, stalls past `--first-byte-timeout-secs` (or until health
+//!    checks take it out) or answers 502/503/504 is retried on another worker after a jittered backoff, while retries, the
 //!    fleet's retry budget and `--retry-deadline-secs` allow; each failure feeds the worker's
 //!    circuit breaker, and nothing is recorded in the indexes for it;
 //! 4. the first response byte commits the request: the policy's `record` runs, the response
@@ -442,6 +442,12 @@ async fn attempts(
                 shared.metrics.on_worker_error(worker.id, "client_gone");
                 return Err(Stop::ClientGone);
             }
+            // A worker that health checks take out while it holds this attempt (a stopped
+            // engine) fails the attempt now, not at the first-byte timeout.
+            _ = turned_unhealthy(&worker) => Err(ProxyError::Upstream {
+                worker: worker.id,
+                message: "went unhealthy before its first byte".into(),
+            }),
         };
         let now = shared.now_ms();
         match sent {
@@ -681,6 +687,16 @@ async fn proxy(
                 return;
             }
         }
+    }
+}
+
+/// How often an attempt waiting for its first byte looks at its worker's health, ms.
+const HEALTH_WATCH_MS: u64 = 250;
+
+/// Resolves once `worker` is marked unhealthy (polled every [`HEALTH_WATCH_MS`]).
+async fn turned_unhealthy(worker: &Worker) {
+    while worker.is_healthy() {
+        monoio::time::sleep(Duration::from_millis(HEALTH_WATCH_MS)).await;
     }
 }
 

@@ -218,7 +218,7 @@ pub async fn relay_body(
         .await
         {
             Ok(r) => r,
-            Err(_) => return RelayEnd::UpstreamFailed { sse },
+            Err(_) => return RelayEnd::TimedOut { sse },
         };
         pending = slice.into_inner();
         match res {

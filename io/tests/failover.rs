@@ -710,31 +710,82 @@ fn a_lone_workers_503_and_the_request_timeout() {
     );
     gw.shutdown();
 
-    let slow = engine(MODEL);
-    let gw = gateway_for(&[&slow], |c| c.request_timeout_secs = 1);
-    let r = post(
-        gw.local_addr(),
-        "/v1/chat/completions",
-        &chat("a very long answer", 4000),
-    );
+    // A worker whose stream stops after its first event runs into the 2 s request timeout.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up = l.local_addr().unwrap();
+    let silent = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        let mut tmp = [0u8; 4096];
+        let _ = c.read(&mut tmp);
+        let event = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
+            event.len()
+        );
+        c.write_all(head.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_secs(4));
+    });
+    let gw = gateway::start(
+        Config {
+            listen: "127.0.0.1:0".into(),
+            workers: vec![format!("http://{up}")],
+            shards: Some(1),
+            admin_listen: String::new(),
+            health_check_interval_secs: 0,
+            request_timeout_secs: 2,
+            ..Config::default()
+        },
+        false,
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let r = post(gw.local_addr(), "/v1/chat/completions", &chat("hello", 10));
     assert_eq!(r.status, 200);
-    let (_, error, done) = stream_text(&r.body);
+    let (text, error, done) = stream_text(&r.body);
+    assert_eq!(text, "hi");
     assert!(error && done, "{}", r.text());
     assert!(r.text().contains("request-timeout-secs"), "{}", r.text());
-    let w = gw.shared().workers.get(0).unwrap();
-    for _ in 0..3 {
-        let r = post(
-            gw.local_addr(),
-            "/v1/chat/completions",
-            &chat("a very long answer", 4000),
-        );
-        assert_eq!(r.status, 200);
-    }
-    assert_eq!(
-        w.breaker_state(gw.shared().now_ms()),
-        kvroute_core::health::BreakerState::Closed,
-        "the router's own limit is not the worker's failure"
+    assert!(t0.elapsed() < Duration::from_secs(4));
+    let metrics = get(gw.local_addr(), "/metrics").text();
+    assert!(
+        !metrics.contains("kind=\"upstream_body\""),
+        "the router's own limit is not the worker's failure: {metrics}"
     );
+    loads_back_to_zero(&gw);
+    gw.shutdown();
+    silent.join().unwrap();
+}
+
+/// A stopped engine that health checks take out releases the attempts waiting on it at once:
+/// the client is served elsewhere within the checks' detection time, long before the
+/// first-byte timeout.
+#[test]
+fn attempts_on_a_worker_that_turns_unhealthy_move_on() {
+    let good = engine(MODEL);
+    let stopped = engine(MODEL);
+    let gw = gateway_for(&[&stopped, &good], |c| {
+        c.health_check_interval_secs = 1;
+        c.health_check_timeout_secs = 1;
+        c.first_byte_timeout_secs = 60;
+    });
+    stopped
+        .set_faults(EngineFaults {
+            stall: true,
+            ..EngineFaults::default()
+        })
+        .unwrap();
+    let t0 = Instant::now();
+    // seq 0 → worker 0, the stopped one.
+    let r = post(gw.local_addr(), "/v1/completions", &completion(0, 2));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-kvroute-worker"), Some("1"));
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "{took:?}: waited for the first-byte timeout"
+    );
+    assert!(!gw.shared().workers.get(0).unwrap().is_healthy());
+    stopped.set_faults(EngineFaults::default()).unwrap();
     loads_back_to_zero(&gw);
     gw.shutdown();
 }
