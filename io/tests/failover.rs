@@ -789,3 +789,65 @@ fn attempts_on_a_worker_that_turns_unhealthy_move_on() {
     loads_back_to_zero(&gw);
     gw.shutdown();
 }
+
+/// Removing a worker that publishes KV events purges its blocks from the event index and
+/// cancels its subscription; its engine's later stores never reach the index (bug-cases.md
+/// B35).
+#[test]
+fn removing_a_worker_purges_its_events_and_cancels_its_subscription() {
+    use kvroute_bench::engine::events::KvEventsConfig;
+    let cfg = EngineConfig {
+        kv_events: Some(KvEventsConfig {
+            events_addr: "127.0.0.1:0".into(),
+            replay_addr: Some("127.0.0.1:0".into()),
+            ..KvEventsConfig::default()
+        }),
+        ..engine_cfg(MODEL)
+    };
+    let e = engine::server::spawn(cfg, tokenizer()).expect("engine starts");
+    let spec = format!(
+        "http://{};events={};replay={}",
+        e.addr,
+        e.kv_events_endpoint.as_deref().unwrap(),
+        e.kv_replay_endpoint.as_deref().unwrap()
+    );
+    let other = engine(MODEL);
+    let gw = gateway::start(
+        Config {
+            listen: "127.0.0.1:0".into(),
+            workers: vec![spec, format!("http://{}", other.addr)],
+            shards: Some(1),
+            admin_listen: "127.0.0.1:0".into(),
+            tokenizer: Some(kvroute_core::tokens::BUILTIN_QWEN3.into()),
+            ..Config::default()
+        },
+        false,
+    )
+    .unwrap();
+    let blocks =
+        |gw: &Server| kvroute_io::zmq::lock(gw.shared().events.as_ref().unwrap()).worker_blocks(0);
+    let long = |i: usize| {
+        json!({"model": MODEL, "max_tokens": 2,
+        "prompt": format!("{i} {}", "a prompt long enough to fill a few KV blocks ".repeat(12))})
+    };
+    let mut i = 0;
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            i += 1;
+            post_id(e.addr, "/v1/completions", &long(i), "direct").status == 200 && blocks(&gw) > 0
+        }),
+        "the engine's stores reached the index"
+    );
+    assert!(gw.shared().subscriptions.lock().unwrap().contains_key(&0));
+    assert_eq!(admin(&gw, "DELETE", "/workers/0", "", None).status, 200);
+    assert_eq!(blocks(&gw), 0, "purged");
+    assert!(!gw.shared().subscriptions.lock().unwrap().contains_key(&0));
+    // Stores the engine makes now are not applied.
+    std::thread::sleep(Duration::from_millis(300));
+    for j in 0..3 {
+        assert_eq!(post(e.addr, "/v1/completions", &long(1000 + j)).status, 200);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(blocks(&gw), 0, "the cancelled subscription applied events");
+    gw.shutdown();
+}
