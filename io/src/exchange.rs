@@ -451,21 +451,17 @@ async fn attempts(
         };
         let now = shared.now_ms();
         match sent {
-            Ok((conn, head)) if !is_retryable_status(head.status) => {
-                worker.record_outcome(Outcome::of_status(head.status), now);
-                return Ok(Committed {
-                    worker,
-                    decision,
-                    guard,
-                    conn,
-                    head,
-                });
-            }
             Ok((conn, head)) => {
-                worker.record_outcome(Outcome::Failure, now);
-                shared.metrics.on_worker_error(worker.id, "status_5xx");
-                if !others || !may_retry(shared, rec, tried, "status_5xx", worker.id) {
-                    // No retry left: the worker's own answer goes to the client.
+                let retryable = is_retryable_status(head.status);
+                if retryable {
+                    worker.record_outcome(Outcome::Failure, now);
+                    shared.metrics.on_worker_error(worker.id, "status_5xx");
+                } else {
+                    worker.record_outcome(Outcome::of_status(head.status), now);
+                }
+                // Not retryable, or no retry left: the worker's own answer goes to the client.
+                if !retryable || !others || !may_retry(shared, rec, tried, "status_5xx", worker.id)
+                {
                     return Ok(Committed {
                         worker,
                         decision,

@@ -304,29 +304,26 @@ impl Config {
         if !(0.0..=1.0).contains(&self.cache_threshold) {
             return bad("cache_threshold", self.cache_threshold, "in [0, 1]");
         }
-        if !(self.balance_rel_threshold.is_finite() && self.balance_rel_threshold >= 1.0) {
-            return bad(
-                "balance_rel_threshold",
-                self.balance_rel_threshold,
-                "a finite number >= 1",
-            );
-        }
-        if !(self.retry_backoff_multiplier.is_finite() && self.retry_backoff_multiplier >= 1.0) {
-            return bad(
+        for (field, value, min) in [
+            ("balance_rel_threshold", self.balance_rel_threshold, 1.0),
+            (
                 "retry_backoff_multiplier",
                 self.retry_backoff_multiplier,
-                "a finite number >= 1",
-            );
+                1.0,
+            ),
+            ("retry_budget_ratio", self.retry_budget_ratio, 0.0),
+        ] {
+            if !(value.is_finite() && value >= min) {
+                let expected = if min == 0.0 {
+                    "a finite number >= 0"
+                } else {
+                    "a finite number >= 1"
+                };
+                return bad(field, value, expected);
+            }
         }
         if !(0.0..1.0).contains(&self.retry_jitter) {
             return bad("retry_jitter", self.retry_jitter, "in [0, 1)");
-        }
-        if !(self.retry_budget_ratio.is_finite() && self.retry_budget_ratio >= 0.0) {
-            return bad(
-                "retry_budget_ratio",
-                self.retry_budget_ratio,
-                "a finite number >= 0",
-            );
         }
         for (field, value) in [
             ("health_check_timeout_secs", self.health_check_timeout_secs),
