@@ -15,6 +15,7 @@
 #   SOAK_OUT     directory for samples.csv, load.json and the logs
 #                [perf/runs/<UTC date>-<host>-soak]
 #   KVROUTE_BIN  router binary [target/release/kvroute, built here with cargo]
+#   SERVE_ARGS   extra `kvroute serve` flags, e.g. "--max-tree-size 2000000" (split on spaces) []
 # Fails (exit 1) when RSS at the end of the load is more than 20% above RSS at warm-up end,
 # when open fds grew by more than 16, when any request did not get a 200, or when the router
 # died. Load generator: scripts/soak_load.py (Python 3, standard library).
@@ -91,7 +92,7 @@ done
 for i in $(seq 1 "$engines"); do
     wait_healthy "${ports[$i]}"
 done
-"$bin" serve --listen "127.0.0.1:$router_port" --admin-listen 127.0.0.1:0 "${workers[@]}" >"$out/router.log" 2>&1 &
+"$bin" serve --listen "127.0.0.1:$router_port" --admin-listen 127.0.0.1:0 "${workers[@]}" ${SERVE_ARGS:-} >"$out/router.log" 2>&1 &
 router=$!
 pids+=("$router")
 wait_healthy "$router_port"

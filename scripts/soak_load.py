@@ -93,6 +93,7 @@ class Load:
         self.sent = 0
         self.late = 0
         self.max_late = 0.0
+        self.stale_retries = 0
         self.rng = random.Random(args.seed)
 
     def body(self, i: int) -> bytes:
@@ -146,9 +147,22 @@ class Load:
             if late > LATE_S:
                 self.late += 1
             t0 = time.monotonic()
-            conn.writer.write(head + body)
-            await conn.writer.drain()
-            status, headers = await asyncio.wait_for(read_head(conn.reader), self.args.timeout)
+            try:
+                conn.writer.write(head + body)
+                await conn.writer.drain()
+                status, headers = await asyncio.wait_for(read_head(conn.reader), self.args.timeout)
+            except (OSError, asyncio.IncompleteReadError):
+                # A pooled connection the router closed while idle (its keep-alive timeout):
+                # nothing of the response came, so retry once on a new connection, as HTTP
+                # clients do (and as kvroute does towards workers, bug-cases.md B42).
+                conn.close()
+                await self.release(None)
+                conn = None
+                self.stale_retries += 1
+                conn = await asyncio.wait_for(self.acquire(), self.args.timeout)
+                conn.writer.write(head + body)
+                await conn.writer.drain()
+                status, headers = await asyncio.wait_for(read_head(conn.reader), self.args.timeout)
             await asyncio.wait_for(read_body(conn.reader, headers), self.args.timeout)
             self.latencies.append(time.monotonic() - t0)
             self.status[status] += 1
@@ -201,6 +215,7 @@ class Load:
             "late_sends": self.late,
             "max_lateness_ms": round(self.max_late * 1000, 2),
             "connections_peak": self.peak_conns,
+            "stale_connection_retries": self.stale_retries,
         }
 
 

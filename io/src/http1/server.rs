@@ -24,12 +24,15 @@ pub async fn serve_connection<S: Transport>(ctx: ShardCtx, mut client: Conn<S>) 
         if ctx.shared.is_shutting_down() && client.buffered().is_empty() {
             return;
         }
-        let received = Instant::now();
+        // `received` is when the request's first byte arrived, not when the connection went
+        // idle: time a keep-alive connection waits for its next request is not latency.
+        let mut received = Instant::now();
         let head = match read_head(
             &mut client,
             s.max_head_bytes,
             s.client_idle_timeout,
             s.client_header_timeout,
+            &mut received,
         )
         .await
         {
@@ -114,6 +117,7 @@ fn to_request(head: RequestHead, body: Vec<u8>, received: Instant) -> Result<Req
 }
 
 /// Reads one request head. `Ok(None)`: the client closed (or idled out) between requests.
+/// `started` is set to when its first byte was there (now, when bytes were already buffered).
 ///
 /// # Errors
 /// [`HttpError::HeadTooLarge`], [`HttpError::Malformed`], or [`HttpError::Timeout`] when the
@@ -123,15 +127,17 @@ async fn read_head<S: Transport>(
     max_head: usize,
     idle_timeout: Duration,
     header_timeout: Duration,
+    received: &mut Instant,
 ) -> Result<Option<RequestHead>, HttpError> {
     let mut started: Option<Instant> = None;
     loop {
         if !client.buffered().is_empty() {
+            let first = *started.get_or_insert_with(Instant::now);
+            *received = first;
             if let Some((head, len)) = parse_request_head(client.buffered(), max_head)? {
                 client.consume(len);
                 return Ok(Some(head));
             }
-            started.get_or_insert_with(Instant::now);
         }
         let wait = match started {
             None => idle_timeout,
