@@ -39,7 +39,7 @@ const TRACE: &str = "../shared/data/traces/mooncake/conversation_trace.jsonl";
 /// # Errors
 /// The Mooncake trace cannot be read (the ingest section needs it), or the simulated engine
 /// rejects its configuration.
-pub fn run() -> anyhow::Result<Value> {
+pub fn run() -> Result<Value, crate::BoxError> {
     let t0 = Instant::now();
     let mut out = serde_json::Map::new();
     let mut rows: Vec<String> = Vec::new();
@@ -266,7 +266,7 @@ fn record_tokens(r: &TraceRecord) -> Vec<u32> {
 /// Replays of the ingest section; the median is reported.
 const INGEST_RUNS: usize = 5;
 
-fn ingest() -> anyhow::Result<Value> {
+fn ingest() -> Result<Value, crate::BoxError> {
     const ENGINES: usize = 8;
     const REQUESTS: usize = 1_200;
     let records = trace::load_mooncake(TRACE, Some(REQUESTS))?;

@@ -8,6 +8,10 @@
 //!   virtual clock, deterministic in its seed.
 //! - [`index_bench`], [`tokenize_bench`]: the short benchmark runs behind `kvroute bench`.
 
+/// The error of the test bed's entry points (benchmarks, `engine::server::serve`): any error,
+/// with its message; the `kvroute` binary reports it as is.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 pub mod engine;
 pub mod index_bench;
 pub mod replay;

@@ -189,10 +189,10 @@ fn ratio(a: Duration, b: Duration) -> f64 {
 /// # Errors
 /// The WEKA traces cannot be read or parsed (path in the message), or the embedded tokenizer
 /// fails to load or render.
-pub fn run() -> anyhow::Result<Value> {
+pub fn run() -> Result<Value, crate::BoxError> {
     let dir = weka_dir();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map_err(|e| anyhow::anyhow!("reading {}: {e}", dir.display()))?
+        .map_err(|e| crate::BoxError::from(format!("reading {}: {e}", dir.display())))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
@@ -204,7 +204,7 @@ pub fn run() -> anyhow::Result<Value> {
     let mut used = Vec::new();
     for path in files.iter().take(CONVERSATIONS) {
         let doc: Value = serde_json::from_slice(&std::fs::read(path)?)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            .map_err(|e| crate::BoxError::from(format!("{}: {e}", path.display())))?;
         let ns = used.len() as u32 + 1;
         used.push(
             path.file_name()
@@ -287,7 +287,7 @@ pub fn run() -> anyhow::Result<Value> {
 ///
 /// # Errors
 /// The chat template fails to render, or the tokenizer fails.
-pub fn growing(tok: &Tokenizer, words: &WordIds) -> anyhow::Result<Value> {
+pub fn growing(tok: &Tokenizer, words: &WordIds) -> Result<Value, crate::BoxError> {
     let started = Instant::now();
     let mut rows: Vec<Vec<Turn>> = (0..GROWING_TURNS).map(|_| Vec::new()).collect();
     for c in 0..GROWING_CONVERSATIONS {

@@ -109,7 +109,9 @@ pub fn run_engine_forever(cfg: EngineConfig, tokenizer: Tokenizer) -> anyhow::Re
             .await
             .with_context(|| format!("binding {}", cfg.listen))?;
         tracing::info!(addr = %cfg.listen, model = %cfg.model_name, "engine listening");
-        engine::server::serve(listener, cfg, Arc::new(tokenizer)).await
+        engine::server::serve(listener, cfg, Arc::new(tokenizer))
+            .await
+            .map_err(|e| anyhow::anyhow!(e))
     })
 }
 

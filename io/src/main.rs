@@ -687,8 +687,12 @@ fn main() -> anyhow::Result<()> {
         #[cfg(feature = "bench")]
         Command::Bench(args) => {
             let report = match args.what {
-                BenchWhat::Index => kvroute_bench::index_bench::run()?,
-                BenchWhat::Tokenize => kvroute_bench::tokenize_bench::run()?,
+                BenchWhat::Index => {
+                    kvroute_bench::index_bench::run().map_err(|e| anyhow::anyhow!(e))?
+                }
+                BenchWhat::Tokenize => {
+                    kvroute_bench::tokenize_bench::run().map_err(|e| anyhow::anyhow!(e))?
+                }
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
             if let Some(out) = args.out {

@@ -327,7 +327,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     cfg: EngineConfig,
     tokenizer: Arc<Tokenizer>,
-) -> anyhow::Result<()> {
+) -> Result<(), crate::BoxError> {
     let publisher = cfg.kv_events.clone().map(Publisher::start).transpose()?;
     let control = Control::new(cfg.faults.clone());
     serve_until(
@@ -348,7 +348,7 @@ async fn serve_until(
     stop: impl Future<Output = ()>,
     publisher: Option<Publisher>,
     control: Arc<Control>,
-) -> anyhow::Result<()> {
+) -> Result<(), crate::BoxError> {
     let core = EngineCore::new(&cfg)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let sink = publisher.as_ref().map(|p| EventSink {
