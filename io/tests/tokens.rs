@@ -195,7 +195,8 @@ fn header_tokens_body_ids_and_text_mode() {
     let eng = engine();
     let gw = gateway_to(format!("http://{}", eng.addr), None);
     let addr = gw.local_addr();
-    let body = serde_json::to_vec(&json!({"model": "m", "prompt": "hi", "max_tokens": 1})).unwrap();
+    let body = serde_json::to_vec(&json!({"model": "qwen3-sim", "prompt": "hi", "max_tokens": 1}))
+        .unwrap();
     let send = |header: &str| {
         let head = format!(
             "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{header}content-length: {}\r\nconnection: close\r\n\r\n",
@@ -221,7 +222,7 @@ fn header_tokens_body_ids_and_text_mode() {
     let r = post(
         addr,
         "/v1/chat/completions",
-        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+        &json!({"model": "qwen3-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
     );
     assert_eq!(r.status, 200);
     assert_eq!(last_key(&gw).input_ids, None);
