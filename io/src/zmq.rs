@@ -68,30 +68,24 @@ pub fn sources(specs: &[WorkerSpec]) -> Vec<EventSource> {
 /// The publishers of worker `id` with `spec`: ranks `0..dp` on port + rank (none without
 /// `events`).
 pub fn sources_of(id: usize, spec: &WorkerSpec) -> Vec<EventSource> {
-    let mut out = Vec::new();
-    let w = id;
-    {
-        let Some(events) = &spec.events else {
-            return out;
-        };
-        for rank in 0..spec.dp {
-            let Some(ev) = WorkerSpec::rank_endpoint(events, rank) else {
-                continue;
-            };
-            out.push(EventSource {
+    let Some(events) = &spec.events else {
+        return Vec::new();
+    };
+    (0..spec.dp)
+        .filter_map(|rank| {
+            Some(EventSource {
                 stream: StreamId {
-                    worker: w as u32,
+                    worker: id as u32,
                     rank,
                 },
-                events: ev,
+                events: WorkerSpec::rank_endpoint(events, rank)?,
                 replay: spec
                     .replay
                     .as_deref()
                     .and_then(|r| WorkerSpec::rank_endpoint(r, rank)),
-            });
-        }
-    }
-    out
+            })
+        })
+        .collect()
 }
 
 struct Live {

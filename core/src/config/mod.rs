@@ -551,6 +551,16 @@ pub fn parse_worker_url(url: &str) -> Result<(String, String, u16), CoreError> {
 mod tests {
     use super::*;
 
+    /// A one-worker config changed by `f`, validated.
+    fn with(f: fn(&mut Config)) -> Result<Config, CoreError> {
+        let mut c = Config {
+            workers: vec!["http://a:1".into()],
+            ..Config::default()
+        };
+        f(&mut c);
+        c.validate()
+    }
+
     #[test]
     fn empty_toml_equals_default() {
         assert_eq!(Config::from_toml_str("").unwrap(), Config::default());
@@ -573,14 +583,6 @@ mod tests {
             Err(CoreError::ConfigSyntax(_))
         ));
         assert_eq!(Config::default().validate(), Err(CoreError::NoWorkers));
-        let with = |f: fn(&mut Config)| {
-            let mut c = Config {
-                workers: vec!["http://a:1".into()],
-                ..Config::default()
-            };
-            f(&mut c);
-            c.validate()
-        };
         assert!(matches!(
             with(|c| c.cache_threshold = 1.5),
             Err(CoreError::ConfigValue {
@@ -783,14 +785,6 @@ mod tests {
     /// The admin API needs a key beyond loopback; the failover settings are range-checked.
     #[test]
     fn admin_key_and_failover_values() {
-        let with = |f: fn(&mut Config)| {
-            let mut c = Config {
-                workers: vec!["http://a:1".into()],
-                ..Config::default()
-            };
-            f(&mut c);
-            c.validate()
-        };
         assert!(with(|_| {}).is_ok(), "default admin_listen is loopback");
         assert!(matches!(
             with(|c| c.admin_listen = "0.0.0.0:8001".into()),

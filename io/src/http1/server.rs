@@ -241,6 +241,9 @@ pub struct Http1Sink<'a, S: Transport> {
     body: Option<BodyKind>,
     finished: bool,
     failed: bool,
+    /// Reused for each chunk of a `Stream` body (size line + data + CRLF): no allocation
+    /// per chunk once it has grown to the largest one.
+    frame: Vec<u8>,
 }
 
 impl<'a, S: Transport> Http1Sink<'a, S> {
@@ -252,6 +255,7 @@ impl<'a, S: Transport> Http1Sink<'a, S> {
             body: None,
             finished: false,
             failed: false,
+            frame: Vec::new(),
         }
     }
 
@@ -301,11 +305,14 @@ impl<S: Transport> ResponseSink for Http1Sink<'_, S> {
         }
         let (res, data) = match self.body {
             Some(BodyKind::Stream) => {
-                let mut framed = Vec::with_capacity(data.len() + 16);
-                framed.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                use std::io::Write as _;
+                let mut framed = std::mem::take(&mut self.frame);
+                framed.clear();
+                let _ = write!(framed, "{:x}\r\n", data.len());
                 framed.extend_from_slice(&data);
                 framed.extend_from_slice(b"\r\n");
-                let (res, _) = self.client.write_all(framed).await;
+                let (res, framed) = self.client.write_all(framed).await;
+                self.frame = framed;
                 (res, data)
             }
             _ => self.client.write_all(data).await,
