@@ -27,8 +27,9 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use kvroute_core::config::{Config, PolicyKind};
 use kvroute_core::events::{Consumer, EventIndex, Input, StreamId, Tier};
+use kvroute_core::load::EngineReport;
 use kvroute_core::metrics::HitTokens;
-use kvroute_core::policy::{Reason, Router, Snapshot};
+use kvroute_core::policy::{Reason, Router, Snapshot, WorkerLoad};
 use kvroute_core::route_key::RouteKey;
 use kvroute_core::workers::LoadGuard;
 use kvroute_core::workers::Workers;
@@ -74,17 +75,37 @@ pub struct Run {
     pub routing: Routing,
 }
 
+/// Name of the run of `kvroute serve`'s default policy on KV events.
+pub const DEFAULT_RUN: &str = "default";
+
 impl std::str::FromStr for Run {
     type Err = kvroute_core::CoreError;
 
-    /// A policy name (`round_robin`, `least_request`, `cache_aware` = text), or
-    /// [`TOKENS_RUN`] / [`EVENTS_RUN`] (cache_aware on token ids / on KV events).
+    /// A policy name ([`PolicyKind`]), optionally suffixed `_tokens` (token ids on the token
+    /// tree) or `_events` (token ids on the KV events); unsuffixed, a policy routes on text,
+    /// except the presets, on their anchors' own index: `smg_cache_aware` on the token tree
+    /// (SMG with a tokenizer), `dynamo_kv` on events. [`DEFAULT_RUN`]: the default policy
+    /// ([`kvroute_core::config::defaults::POLICY`]) on events.
     fn from_str(name: &str) -> Result<Self, Self::Err> {
-        let (policy, routing) = match name {
-            EVENTS_RUN => (PolicyKind::CacheAware, Routing::Events),
-            TOKENS_RUN => (PolicyKind::CacheAware, Routing::Tokens),
-            other => (other.parse()?, Routing::Text),
+        if name == DEFAULT_RUN {
+            return Ok(Self {
+                policy: kvroute_core::config::defaults::POLICY,
+                routing: Routing::Events,
+            });
+        }
+        let (base, routing) = if let Some(b) = name.strip_suffix("_events") {
+            (b, Some(Routing::Events))
+        } else if let Some(b) = name.strip_suffix("_tokens") {
+            (b, Some(Routing::Tokens))
+        } else {
+            (name, None)
         };
+        let policy: PolicyKind = base.parse()?;
+        let routing = routing.unwrap_or(match policy {
+            PolicyKind::SmgCacheAware => Routing::Tokens,
+            PolicyKind::DynamoKv => Routing::Events,
+            _ => Routing::Text,
+        });
         Ok(Self { policy, routing })
     }
 }
@@ -187,8 +208,8 @@ struct Slot {
 
 /// A request between arrival and its last token.
 struct Live {
-    /// Its count on its replica's worker registry, until it finishes.
-    _load: LoadGuard,
+    /// Its count and booking on its replica's worker registry, until it finishes.
+    load: LoadGuard,
     arrival_ms: f64,
     reason: Reason,
 }
@@ -238,7 +259,7 @@ pub fn simulate(
             })
         })
         .collect::<Result<Vec<_>, SimError>>()?;
-    let on_events = cfg.router.policy == PolicyKind::CacheAware && cfg.routing == Routing::Events;
+    let on_events = cfg.router.policy.records() && cfg.routing == Routing::Events;
     let mut index = EventIndex::new(cfg.router.block_size);
     let mut consumer = Consumer::new();
     let urls: Vec<String> = (0..cfg.engines)
@@ -302,6 +323,8 @@ pub fn simulate(
                 if let Some(p) = tok.prompt {
                     s.prompt_tokens = u64::from(p.prompt_tokens);
                     s.cached_tokens = u64::from(p.cached_tokens);
+                    l.load.served(s.prompt_tokens, s.cached_tokens);
+                    l.load.first_token(t);
                     s.ttft_us = Some(((t - l.arrival_ms) * 1e3) as u64);
                     if let Some(predicted) = l.reason.predicted_cached_tokens(s.prompt_tokens) {
                         report.hit_tokens.add(predicted, s.cached_tokens);
@@ -336,6 +359,12 @@ pub fn simulate(
                 replay.is_none(),
                 "a lossless stream never asks for a replay"
             );
+            let blocks = index.worker_blocks(w as u32) as u64;
+            for (_, workers) in &replicas {
+                if let Some(worker) = workers.get(w) {
+                    worker.set_cached_blocks(Some(blocks));
+                }
+            }
         }
         // 3. Load reports: every replica reads every engine's running + waiting now.
         if next_poll.is_some_and(|p| p <= t) {
@@ -343,7 +372,13 @@ pub fn simulate(
                 for (w, slot) in slots.iter().enumerate() {
                     let st = slot.core.stats();
                     if let Some(worker) = workers.get(w) {
-                        worker.report(Some(st.running + st.waiting));
+                        worker.report_engine(Some(EngineReport {
+                            running: st.running,
+                            waiting: st.waiting,
+                            waiting_tokens: None,
+                            kv_usage: Some(st.kv_usage),
+                            capacity_blocks: Some(cfg.engine.num_gpu_blocks as u64),
+                        }));
                     }
                 }
             }
@@ -369,14 +404,15 @@ pub fn simulate(
             // The gateway's two steps: a read-only decision on a snapshot of every engine
             // (all eligible: the simulator has no faults), then the record, since the request
             // is committed to its engine at once. `seq` counts this replica's requests.
-            let loads = workers.loads();
+            let loads: Vec<WorkerLoad> = workers.iter().iter().map(|w| w.load_view(t)).collect();
             let snap = Snapshot {
-                loads: &loads,
+                workers: &loads,
                 eligible: &all_engines,
                 seq: (next / replicas.len()) as u64,
                 now_ms: t as u64,
             };
             let d = router.decide(&snap, &key, &mut rng);
+            let booking = router.booking(&snap, &key, &d);
             router.record(&key, &d, t as u64);
             *report.decisions.entry(d.reason.as_str()).or_default() += 1;
             let s = &mut samples[next];
@@ -389,10 +425,10 @@ pub fn simulate(
                     live.insert(
                         next as u64,
                         Live {
-                            _load: workers
+                            load: workers
                                 .get(d.worker)
                                 .expect("sim workers are never removed")
-                                .acquire(),
+                                .acquire_booked(booking, t),
                             arrival_ms: t,
                             reason: d.reason,
                         },

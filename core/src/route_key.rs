@@ -51,6 +51,10 @@ pub struct RouteKey {
     /// parts `image_url` (object `url` or string), `image`, `video_url`, `input_audio`
     /// (`data`), and `/generate` `image_data` (string, or first-level array of strings).
     pub image_keys: Vec<u64>,
+    /// Session key of `consistent_hash`: the `x-kvroute-routing-key` header, else
+    /// `x-session-id` (Ray Serve's convention, anchors.md §5); set by the transport, `None`
+    /// when neither is present.
+    pub session: Option<String>,
 }
 
 /// Where a [`RouteKey`]'s token ids came from (issue 4 order: body, header, prompt).

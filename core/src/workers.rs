@@ -22,6 +22,8 @@ use crate::config::{WorkerSpec, parse_worker_spec, parse_worker_url};
 use crate::health::{
     Breaker, BreakerConfig, BreakerState, HealthChange, HealthConfig, HealthTracker, Outcome,
 };
+use crate::load::EngineReport;
+use crate::load::active::{ActiveLoad, ActiveView, Booking};
 use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -61,6 +63,11 @@ pub struct Worker {
     breaker: Mutex<Breaker>,
     health: Mutex<HealthTracker>,
     models: RwLock<Vec<String>>,
+    /// What this router booked on the worker (prefill, active blocks, since-poll credit,
+    /// learned prefill curve).
+    active: ActiveLoad,
+    /// Blocks its engine caches, from KV events; `u64::MAX` = unknown.
+    cached_blocks: AtomicU64,
 }
 
 impl Worker {
@@ -91,17 +98,57 @@ impl Worker {
     /// (no report, or a failed poll) forgets the last one, so a dark engine is counted on
     /// this router's own requests only.
     pub fn report(&self, engine_requests: Option<usize>) {
-        let foreign = engine_requests.map_or(0, |n| n.saturating_sub(self.in_flight()));
+        self.report_engine(engine_requests.map(EngineReport::requests));
+    }
+
+    /// [`Worker::report`] with the whole report ([`crate::load::engine_report`]): its running
+    /// + waiting make the foreign part, the rest (KV usage) reaches policies through
+    /// [`Worker::load_view`], and the since-poll credit restarts.
+    pub fn report_engine(&self, report: Option<EngineReport>) {
+        let foreign = report.map_or(0, |r| r.total().saturating_sub(self.in_flight()));
         self.foreign.store(foreign, Ordering::Relaxed);
+        self.active.report(report);
     }
 
     /// Counts one request on this worker until the returned guard drops. Take it before the
-    /// request is sent upstream (bug-cases.md B1).
+    /// request is sent upstream (bug-cases.md B1). Books nothing else (no prefill, no
+    /// blocks): [`Worker::acquire_booked`] does.
     pub fn acquire(self: &Arc<Self>) -> LoadGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.processed.fetch_add(1, Ordering::Relaxed);
         LoadGuard {
             worker: Arc::clone(self),
+            booking: None,
+        }
+    }
+
+    /// [`Worker::acquire`], and books `booking` on the worker at `now_ms` (the caller's time
+    /// base, the one its snapshots use): [`crate::load::active`]'s step 1. The guard ends the
+    /// booking when it drops.
+    pub fn acquire_booked(self: &Arc<Self>, booking: Booking, now_ms: f64) -> LoadGuard {
+        let decoding = self.in_flight() > self.active.view(now_ms).prefill_requests;
+        let id = self.active.book(booking, now_ms, decoding);
+        let mut g = self.acquire();
+        g.booking = Some((id, now_ms, std::time::Instant::now()));
+        g
+    }
+
+    /// Records the blocks the worker's engine caches (all tiers and DP ranks), as its KV
+    /// events tell: the event writer calls this after applying a batch; `None` = unknown.
+    pub fn set_cached_blocks(&self, blocks: Option<u64>) {
+        self.cached_blocks
+            .store(blocks.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// What a policy reads of this worker at `now_ms`.
+    pub fn load_view(&self, now_ms: f64) -> WorkerLoad {
+        WorkerLoad {
+            requests: self.load(),
+            in_flight: self.in_flight(),
+            processed: self.processed(),
+            active: self.active.view(now_ms),
+            cached_blocks: Some(self.cached_blocks.load(Ordering::Relaxed))
+                .filter(|&b| b != u64::MAX),
         }
     }
 
@@ -197,6 +244,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct LoadGuard {
     worker: Arc<Worker>,
+    /// Its booking on the worker's [`ActiveLoad`], when taken with [`Worker::acquire_booked`]:
+    /// (id, dispatch time on the caller's time base in ms, dispatch instant).
+    booking: Option<(u64, f64, std::time::Instant)>,
 }
 
 impl LoadGuard {
@@ -204,10 +254,39 @@ impl LoadGuard {
     pub fn worker_id(&self) -> usize {
         self.worker.id
     }
+
+    /// The request's first token reached the router at `now_ms` (first SSE data event, or
+    /// the first body byte of a non-streaming response): its prefill charge ends
+    /// ([`crate::load::active`] step 2). Later calls do nothing.
+    pub fn first_token(&self, now_ms: f64) {
+        if let Some((id, _, _)) = self.booking {
+            self.worker.active.first_token(id, now_ms);
+        }
+    }
+
+    /// [`LoadGuard::first_token`] now: the dispatch time plus the wall time since (the
+    /// gateway's form; the simulator passes its virtual time).
+    pub fn first_token_now(&self) {
+        if let Some((id, at_ms, at)) = self.booking {
+            let now = at_ms + at.elapsed().as_secs_f64() * 1e3;
+            self.worker.active.first_token(id, now);
+        }
+    }
+
+    /// The engine's `usage` for the request: `prompt_tokens`, of which `cached_tokens` came
+    /// from its cache (teaches the worker's prefill curve the true new-token count).
+    pub fn served(&self, prompt_tokens: u64, cached_tokens: u64) {
+        if let Some((id, _, _)) = self.booking {
+            self.worker.active.served(id, prompt_tokens, cached_tokens);
+        }
+    }
 }
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
+        if let Some((id, _, _)) = self.booking {
+            self.worker.active.free(id);
+        }
         self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -245,14 +324,46 @@ impl Default for WorkerSettings {
     }
 }
 
+/// One worker's load as a policy reads it ([`crate::policy::Snapshot`]): made by
+/// [`Worker::load_view`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WorkerLoad {
+    /// Requests in flight from this router + foreign ones from the last engine report
+    /// ([`Worker::load`]).
+    pub requests: usize,
+    /// Requests in flight from this router.
+    pub in_flight: usize,
+    /// Requests ever sent (SMG breaks least-loaded ties on it).
+    pub processed: u64,
+    /// Booked prefill and blocks, since-poll credit, engine report, prefill curve.
+    pub active: ActiveView,
+    /// Blocks the worker's engine holds in its cache, from its KV events
+    /// ([`Worker::set_cached_blocks`]); `None` without events.
+    pub cached_blocks: Option<u64>,
+}
+
+impl WorkerLoad {
+    /// Loads that are request counts only, one worker per entry (tests, tools).
+    pub fn of_requests(requests: &[usize]) -> Vec<WorkerLoad> {
+        requests
+            .iter()
+            .map(|&r| WorkerLoad {
+                requests: r,
+                in_flight: r,
+                ..WorkerLoad::default()
+            })
+            .collect()
+    }
+}
+
 /// What one attempt of a request may choose from: the registry as it was, every worker's
 /// load, and the eligible ids. Made by [`Workers::snapshot`].
 #[derive(Debug)]
 pub struct FleetView {
     /// The registry's slots at snapshot time (`None`: a removed worker).
     pub slots: Arc<Vec<Option<Arc<Worker>>>>,
-    /// Load by worker id, one per slot (0 for removed workers).
-    pub loads: Vec<usize>,
+    /// Load by worker id, one per slot (default, all 0, for removed workers).
+    pub workers: Vec<WorkerLoad>,
     /// Eligible worker ids, ascending.
     pub eligible: Vec<usize>,
 }
@@ -361,6 +472,8 @@ impl Workers {
             breaker: Mutex::new(Breaker::new(self.settings.breaker)),
             health: Mutex::new(HealthTracker::new(self.settings.health, healthy)),
             models: RwLock::new(spec.models.clone()),
+            active: ActiveLoad::default(),
+            cached_blocks: AtomicU64::new(u64::MAX),
         });
         let mut next = (*cur).clone();
         next.push(Some(worker));
@@ -443,17 +556,17 @@ impl Workers {
         let mut eligible = Vec::with_capacity(slots.len());
         for (id, w) in slots.iter().enumerate() {
             let Some(w) = w else {
-                loads.push(0);
+                loads.push(WorkerLoad::default());
                 continue;
             };
-            loads.push(w.load());
+            loads.push(w.load_view(now_ms as f64));
             if w.is_available(now_ms) && w.serves(model) && !vetoed.contains(&id) {
                 eligible.push(id);
             }
         }
         FleetView {
             slots,
-            loads,
+            workers: loads,
             eligible,
         }
     }

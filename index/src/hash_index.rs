@@ -104,6 +104,27 @@ impl HashIndex {
         None
     }
 
+    /// Every worker that is a live holder of some head of `tokens` (namespace `ns`) at
+    /// `now_ms`, with the length in tokens of its deepest such head, sorted by worker. The
+    /// per-worker form of [`Self::lookup`] (a worker that holds only a shallower head than
+    /// the deepest one is listed too).
+    pub fn depths(&self, ns: Namespace, tokens: &[u32], now_ms: u64) -> Vec<(TenantId, usize)> {
+        let mut out: Vec<(TenantId, usize)> = Vec::new();
+        for (b, k) in self.head_keys(ns, tokens) {
+            for &(w, t) in self.heads.get(&k).into_iter().flatten() {
+                if now_ms.saturating_sub(t) >= self.cfg.ttl_ms {
+                    continue;
+                }
+                match out.iter_mut().find(|e| e.0 == w) {
+                    Some(e) => e.1 = e.1.max(b),
+                    None => out.push((w, b)),
+                }
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
     /// Records that `worker` was sent `tokens` at `now_ms`: at every applicable boundary the
     /// worker is refreshed, added, or replaces the stalest of 3 holders. Then expired heads
     /// are dropped.

@@ -363,6 +363,21 @@ struct Job<'a> {
     seq: u64,
 }
 
+/// Headers naming a request's session for `consistent_hash`, first present wins.
+const SESSION_HEADERS: [&str; 2] = ["x-kvroute-routing-key", "x-session-id"];
+
+/// The request's session key ([`SESSION_HEADERS`]), if a header carries a non-empty UTF-8
+/// value.
+fn session_key(headers: &http::HeaderMap) -> Option<String> {
+    SESSION_HEADERS.iter().find_map(|h| {
+        headers
+            .get(*h)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    })
+}
+
 /// Attempts `body` (the request's, or a migration's continuation) on eligible workers not in
 /// `tried` until one answers with its first bytes, retrying failures elsewhere while
 /// [`may_retry`] allows. A worker's own 502/503/504 is returned as its answer once no retry is
@@ -392,7 +407,7 @@ async fn attempts(
             return Err(Stop::NoWorker(last));
         }
         let snap = Snapshot {
-            loads: &view.loads,
+            workers: &view.workers,
             eligible: &view.eligible,
             seq,
             now_ms: now,
@@ -407,7 +422,6 @@ async fn attempts(
             worker = decision.worker,
             reason = ?decision.reason,
             eligible = ?view.eligible,
-            loads = ?view.loads,
             "routed"
         );
         let Some(worker) = view.worker(decision.worker).cloned() else {
@@ -418,7 +432,7 @@ async fn attempts(
         let others = view.eligible.iter().any(|&w| w != worker.id);
         // Counted before the request leaves (B1); released exactly once when the guard
         // drops: at the end of the relay, on a failed attempt, or when the client leaves.
-        let guard = worker.acquire();
+        let guard = worker.acquire_booked(shared.router.booking(&snap, key, &decision), now as f64);
         rec.upstream_sent.get_or_insert_with(Instant::now);
         rec.worker = Some(worker.id);
         // With client keys configured, the client's key is kvroute's: it never goes upstream.
@@ -524,6 +538,7 @@ async fn proxy(
         return answer_error(sink, rec, &err, extra).await;
     }
     attach_tokens(ctx, endpoint, req, &mut key);
+    key.session = session_key(&req.parts.headers);
     let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
     shared.retry_budget.deposit();
     let settings = &shared.settings;
@@ -593,6 +608,7 @@ async fn proxy(
         deadline,
         rec,
         tracker.as_mut(),
+        Some(&guard),
     )
     .await;
     loop {
@@ -601,6 +617,7 @@ async fn proxy(
                 if let Some(u) = usage
                     && rec.migrations == 0
                 {
+                    guard.served(u.prompt_tokens, u.cached_tokens);
                     rec.served_cached = Some(u.cached_tokens);
                     rec.predicted_cached = decision.reason.predicted_cached_tokens(u.prompt_tokens);
                 }
@@ -655,6 +672,7 @@ async fn proxy(
                                 deadline,
                                 rec,
                                 Some(t),
+                                Some(&guard),
                             )
                             .await;
                             continue;

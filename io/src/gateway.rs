@@ -178,7 +178,11 @@ pub fn add_worker(
     if spec.events.is_some() {
         match &shared.events {
             Some(ix) => {
-                let sub = crate::zmq::start(crate::zmq::sources_of(id, spec), ix.clone())?;
+                let worker = shared
+                    .workers
+                    .get(id)
+                    .map_or_else(Default::default, |w| Arc::downgrade(&w));
+                let sub = crate::zmq::start(crate::zmq::sources_of(id, spec), ix.clone(), worker)?;
                 lock(&shared.subscriptions).insert(id, sub);
             }
             None => tracing::warn!(

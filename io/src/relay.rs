@@ -16,6 +16,7 @@ use crate::message::{BodyKind, ResponseSink};
 use crate::migrate::StreamTracker;
 use crate::record::Record;
 use http::{HeaderName, HeaderValue};
+use kvroute_core::workers::LoadGuard;
 use monoio::buf::IoBufMut;
 use monoio::io::AsyncReadRent;
 use std::time::Instant;
@@ -143,6 +144,7 @@ pub async fn relay(
     deadline: Instant,
     rec: &mut Record<'_>,
     tracker: Option<&mut StreamTracker>,
+    load: Option<&LoadGuard>,
 ) -> RelayEnd {
     if sink
         .send_head(head.status, headers, body_kind(head.framing))
@@ -151,14 +153,16 @@ pub async fn relay(
     {
         return RelayEnd::ClientGone;
     }
-    relay_body(sink, upstream, head, deadline, rec, tracker).await
+    relay_body(sink, upstream, head, deadline, rec, tracker, load).await
 }
 
 /// Relays the body of `head` until it ends, the client goes away, or `deadline` passes. The
 /// first body bytes are already in `upstream`'s buffer (the exchange held the head until
 /// they came). With a `tracker` (migration on), data passes through it event by event. A
 /// complete relay reports the body's [`Usage`]; `rec` gets the TTFT and the response-side
-/// latency of the first bytes.
+/// latency of the first bytes, and `load` (the request's load guard) its first token then:
+/// the first body bytes relayed (an SSE stream's first data event, or the first byte of a
+/// whole response), when its booked prefill ends.
 pub async fn relay_body(
     sink: &mut impl ResponseSink,
     upstream: &mut Conn,
@@ -166,6 +170,7 @@ pub async fn relay_body(
     deadline: Instant,
     rec: &mut Record<'_>,
     mut tracker: Option<&mut StreamTracker>,
+    mut load: Option<&LoadGuard>,
 ) -> RelayEnd {
     let arrived = Instant::now();
     let sse = is_sse(head);
@@ -198,6 +203,9 @@ pub async fn relay_body(
                 if rec.ttft.is_none() {
                     rec.ttft = Some(rec.received.elapsed());
                     rec.response_added = Some(arrived.elapsed());
+                }
+                if let Some(g) = load.take() {
+                    g.first_token_now();
                 }
             }
         }

@@ -118,12 +118,19 @@ impl Subscription {
     }
 }
 
-/// Starts the subscriber and writer threads for `sources`, applying to `index`.
+/// Starts the subscriber and writer threads for `sources`, applying to `index`; after each
+/// applied message the writer tells `worker` (held weakly) how many blocks its engine caches
+/// ([`kvroute_core::workers::Worker::set_cached_blocks`]), for predicted_ttft's eviction
+/// charge.
 ///
 /// # Errors
 /// A socket cannot be created or configured, an endpoint is invalid, or a thread cannot be
 /// spawned. (An unreachable engine is not an error: libzmq keeps reconnecting.)
-pub fn start(sources: Vec<EventSource>, index: SharedEvents) -> std::io::Result<Subscription> {
+pub fn start(
+    sources: Vec<EventSource>,
+    index: SharedEvents,
+    worker: std::sync::Weak<kvroute_core::workers::Worker>,
+) -> std::io::Result<Subscription> {
     let ctx = ::zmq::Context::new();
     let mut subs = Vec::new();
     for s in &sources {
@@ -172,7 +179,7 @@ pub fn start(sources: Vec<EventSource>, index: SharedEvents) -> std::io::Result<
         .name("kv-writer".into())
         .spawn(move || {
             let _ctx = ctx;
-            write(rx, consumer, dealers, index);
+            write(rx, consumer, dealers, index, worker);
             stop.store(true, Ordering::Relaxed);
         })?;
     Ok(handle)
@@ -226,6 +233,7 @@ fn write(
     mut consumer: Consumer,
     dealers: HashMap<StreamId, ::zmq::Socket>,
     index: std::sync::Weak<Mutex<EventIndex>>,
+    worker: std::sync::Weak<kvroute_core::workers::Worker>,
 ) {
     let started = Instant::now();
     let mut last_prune = 0u64;
@@ -266,14 +274,18 @@ fn write(
         };
         let replay = {
             let mut ix = lock(&index);
-            consumer.handle(
+            let r = consumer.handle(
                 &mut ix,
                 stream,
                 Input::Live {
                     seq: frames.seq,
                     payload: frames.payload,
                 },
-            )
+            );
+            if let Some(w) = worker.upgrade() {
+                w.set_cached_blocks(Some(ix.worker_blocks(stream.worker) as u64));
+            }
+            r
         };
         if let Some(start) = replay {
             run_replay(&mut consumer, dealers.get(&stream), &index, stream, start);

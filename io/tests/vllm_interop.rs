@@ -202,7 +202,7 @@ fn vllm_publisher_stores_and_removals_are_indexed_exactly() {
     let sources = zmq::sources(&specs);
     assert_eq!(sources.len(), 3, "worker 0 rank 0, worker 1 ranks 0 and 1");
     let index = Arc::new(Mutex::new(EventIndex::new(BLOCK)));
-    zmq::start(sources, index.clone()).expect("subscriber starts");
+    zmq::start(sources, index.clone(), std::sync::Weak::new()).expect("subscriber starts");
     // libzmq connects in the background; phase B must find the SUBs connected or kvroute
     // sees no live batch to join on (bounded wait, not a timing assert).
     std::thread::sleep(Duration::from_millis(500));

@@ -44,6 +44,53 @@ pub const BALANCE_REL_THRESHOLD: f64 = 1.5;
 /// 2,048-token prompt, ~64 in flight): 64 puts 2.09 × the fair share on one worker, 8 puts
 /// 1.34 × (test `b9_a_shared_system_prompt_does_not_pin_one_worker`).
 pub const BALANCE_ABS_THRESHOLD: usize = 8;
+/// cache_aware overlap decay (0 = off). Source: SMG `--overlap-decay` 0 (anchors.md §2.3).
+pub const OVERLAP_DECAY: f64 = 0.0;
+/// cache_aware selection temperature (0 = top group). Source: SMG `--selection-temperature` 0.
+pub const SELECTION_TEMPERATURE: f64 = 0.0;
+/// cache_aware KV-pressure trigger on the largest usage, fraction (1 = off). Source: SMG
+/// `--overload-token-usage-threshold` 1.0.
+pub const OVERLOAD_TOKEN_USAGE_THRESHOLD: f64 = 1.0;
+/// cache_aware KV-pressure trigger on the usage spread, fraction (1 = off). Source: SMG
+/// `--balance-token-usage-threshold` 1.0.
+pub const BALANCE_TOKEN_USAGE_THRESHOLD: f64 = 1.0;
+/// kv_aware device-overlap credit, fraction. Source: Dynamo `overlap_score_credit` 1.0
+/// (anchors.md §3.2).
+pub const OVERLAP_SCORE_CREDIT: f64 = 1.0;
+/// kv_aware credit decay. Source: Dynamo `overlap_score_credit_decay` 0.
+pub const OVERLAP_SCORE_CREDIT_DECAY: f64 = 0.0;
+/// kv_aware prefill weight. Source: Dynamo `prefill_load_scale` 1.0.
+pub const PREFILL_LOAD_SCALE: f64 = 1.0;
+/// kv_aware cost per active request, blocks. Source: Dynamo `decode_active_request_weight` 0.
+pub const DECODE_ACTIVE_REQUEST_WEIGHT: f64 = 0.0;
+/// kv_aware credit of a CPU-tier block. Source: Dynamo `host_cache_hit_weight` 0.75.
+pub const HOST_CACHE_HIT_WEIGHT: f64 = 0.75;
+/// kv_aware credit of a disk-tier block. Source: Dynamo `disk_cache_hit_weight` 0.25.
+pub const DISK_CACHE_HIT_WEIGHT: f64 = 0.25;
+/// kv_aware softmax temperature (0 = argmin). Source: Dynamo `router_temperature` 0.
+pub const ROUTER_TEMPERATURE: f64 = 0.0;
+/// prefix_hash key length, tokens: 16 blocks of 16, long enough to cover a chat template's
+/// head and a system prompt's start, short enough that turns of one conversation share it.
+/// kvroute's choice.
+pub const PREFIX_HASH_TOKENS: usize = 256;
+/// prefix_hash / consistent_hash bounded load: a worker is full above `c × mean + 1`
+/// requests, c = 1.25. Source: Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with
+/// Bounded Loads" (SODA 2018), the c used in HAProxy's `hash-balance-factor 125`.
+pub const HASH_LOAD_FACTOR: f64 = 1.25;
+/// predicted_ttft weight α of the request's own prefill (1 = pure predicted TTFT; above 1 a
+/// miss pays for the capacity it takes from later requests). Measured with `kvroute simulate`
+/// (perf/runs/2026-12-01-policies).
+pub const TTFT_PREFILL_WEIGHT: f64 = 2.0;
+/// predicted_ttft weight of evicted blocks' prefill time. Measured as
+/// [`TTFT_PREFILL_WEIGHT`].
+pub const TTFT_EVICT_WEIGHT: f64 = 0.5;
+/// predicted_ttft charge when a request does not fit in free KV memory, ms: 10 s, above any
+/// queue wait the trees' workloads produce, so a worker that would preempt is chosen last.
+/// kvroute's choice.
+pub const TTFT_NO_FIT_MS: f64 = 10_000.0;
+/// Prompt chars per token, for text requests. Source: OpenAI's rule of thumb for English ("1
+/// token ≈ 4 characters", help.openai.com "What are tokens").
+pub const CHARS_PER_TOKEN: f64 = 4.0;
 /// Per-model string tree budget, chars, counted once per tenant holding a node. Source: SMG
 /// `--max-tree-size` 67,108,864.
 pub const MAX_TREE_SIZE_CHARS: usize = 67_108_864;

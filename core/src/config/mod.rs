@@ -14,29 +14,83 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyKind {
-    /// Each worker in turn.
+    /// Each eligible worker in turn.
     RoundRobin,
+    /// A uniformly random eligible worker.
+    Random,
     /// Fewest in-flight requests; ties broken at random (never by list order: bug B1).
     LeastRequest,
-    /// Prefix affinity from an approximate string tree, with SMG's spill gate (anchors.md §2).
+    /// Two distinct random eligible workers, the lower expected wait (anchors.md §2.5).
+    PowerOfTwo,
+    /// Lowest expected wait: SMG's `least_load` scorer (anchors.md §2.5).
+    LeastLoad,
+    /// Prefix affinity with SMG's spill gate (anchors.md §2.2), kvroute's margins.
     CacheAware,
+    /// Dynamo's blended cost in KV blocks (anchors.md §3.1).
+    KvAware,
+    /// A hash of the prompt's first tokens on a consistent-hash ring, bounded load.
+    PrefixHash,
+    /// Session affinity: `x-session-id` / `x-kvroute-routing-key` on a consistent-hash ring.
+    ConsistentHash,
+    /// Maximum overlap, no load term: the herding yardstick.
+    PureAffinity,
+    /// Lowest predicted time to first token, ms: kvroute's own.
+    PredictedTtft,
+    /// Preset: cache_aware with SMG v1.11's defaults exactly (token tree).
+    SmgCacheAware,
+    /// Preset: kv_aware with Dynamo's defaults exactly (KV events).
+    DynamoKv,
 }
 
 impl PolicyKind {
-    /// Every policy, in the order the demo compares them.
-    pub const ALL: [PolicyKind; 3] = [
+    /// Every policy and preset, in the order the simulator lists them.
+    pub const ALL: [PolicyKind; 13] = [
         PolicyKind::RoundRobin,
+        PolicyKind::Random,
         PolicyKind::LeastRequest,
+        PolicyKind::PowerOfTwo,
+        PolicyKind::LeastLoad,
         PolicyKind::CacheAware,
+        PolicyKind::KvAware,
+        PolicyKind::PrefixHash,
+        PolicyKind::ConsistentHash,
+        PolicyKind::PureAffinity,
+        PolicyKind::PredictedTtft,
+        PolicyKind::SmgCacheAware,
+        PolicyKind::DynamoKv,
     ];
 
     /// The name used by `--policy`, TOML and metric labels.
     pub fn as_str(self) -> &'static str {
         match self {
             PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::Random => "random",
             PolicyKind::LeastRequest => "least_request",
+            PolicyKind::PowerOfTwo => "power_of_two",
+            PolicyKind::LeastLoad => "least_load",
             PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::KvAware => "kv_aware",
+            PolicyKind::PrefixHash => "prefix_hash",
+            PolicyKind::ConsistentHash => "consistent_hash",
+            PolicyKind::PureAffinity => "pure_affinity",
+            PolicyKind::PredictedTtft => "predicted_ttft",
+            PolicyKind::SmgCacheAware => "smg_cache_aware",
+            PolicyKind::DynamoKv => "dynamo_kv",
         }
+    }
+
+    /// True for the policies that keep approximate indexes of their own decisions (the
+    /// trees, the hash index): [`crate::policy::Router::record`] writes for these only.
+    pub fn records(self) -> bool {
+        matches!(
+            self,
+            PolicyKind::CacheAware
+                | PolicyKind::KvAware
+                | PolicyKind::PureAffinity
+                | PolicyKind::PredictedTtft
+                | PolicyKind::SmgCacheAware
+                | PolicyKind::DynamoKv
+        )
     }
 }
 
@@ -49,13 +103,231 @@ impl fmt::Display for PolicyKind {
 impl FromStr for PolicyKind {
     type Err = CoreError;
 
-    /// Parses `round_robin`, `least_request` or `cache_aware` (`-` accepted for `_`).
+    /// Parses a name of [`PolicyKind::as_str`] (`-` accepted for `_`).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let norm = s.trim().replace('-', "_");
         PolicyKind::ALL
             .into_iter()
             .find(|p| p.as_str() == norm)
             .ok_or_else(|| CoreError::UnknownPolicy(s.to_string()))
+    }
+}
+
+/// The knobs of the policies beyond the spill gate, each defaulting to its constant in
+/// [`defaults`] (whose docs give the source: SMG for cache_aware's, Dynamo for kv_aware's,
+/// kvroute's measurements for predicted_ttft's). The anchor presets (`smg_cache_aware`,
+/// `dynamo_kv`) ignore them and use the anchors' own defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyKnobs {
+    /// cache_aware: a candidate's score is divided by `1 + d·x`, x = its excess waiting
+    /// prefill blocks per request block ([`defaults::OVERLAP_DECAY`]); ≥ 0.
+    pub overlap_decay: f64,
+    /// cache_aware: softmax temperature over min-max-normalised candidate scores; 0 = keep
+    /// the top group ([`defaults::SELECTION_TEMPERATURE`]); ≥ 0.
+    pub selection_temperature: f64,
+    /// cache_aware: skip affinity when the largest engine KV usage exceeds this, 0–1; 1 = off
+    /// ([`defaults::OVERLOAD_TOKEN_USAGE_THRESHOLD`]).
+    pub overload_token_usage_threshold: f64,
+    /// cache_aware: skip affinity when (max − min) engine KV usage exceeds this, 0–1; 1 = off
+    /// ([`defaults::BALANCE_TOKEN_USAGE_THRESHOLD`]).
+    pub balance_token_usage_threshold: f64,
+    /// kv_aware: share of overlapping device blocks credited, 0–1
+    /// ([`defaults::OVERLAP_SCORE_CREDIT`]).
+    pub overlap_score_credit: f64,
+    /// kv_aware: credit decay per request-equivalent of excess prefill, ≥ 0
+    /// ([`defaults::OVERLAP_SCORE_CREDIT_DECAY`]).
+    pub overlap_score_credit_decay: f64,
+    /// kv_aware: weight of the prefill term, ≥ 0 ([`defaults::PREFILL_LOAD_SCALE`]).
+    pub prefill_load_scale: f64,
+    /// kv_aware: cost per active request, blocks, ≥ 0
+    /// ([`defaults::DECODE_ACTIVE_REQUEST_WEIGHT`]).
+    pub decode_active_request_weight: f64,
+    /// kv_aware: credit of a CPU-offloaded overlapping block, 0–1
+    /// ([`defaults::HOST_CACHE_HIT_WEIGHT`]).
+    pub host_cache_hit_weight: f64,
+    /// kv_aware: credit of a disk-offloaded overlapping block, 0–1
+    /// ([`defaults::DISK_CACHE_HIT_WEIGHT`]).
+    pub disk_cache_hit_weight: f64,
+    /// kv_aware: softmax temperature over costs; 0 = argmin ([`defaults::ROUTER_TEMPERATURE`]).
+    pub router_temperature: f64,
+    /// kv_aware: the simple form's weight (seed doc's `--kv-overlap-weight`, Dynamo's
+    /// deprecated `overlap_score_weight`): when set it replaces `prefill_load_scale`, and
+    /// replaces `overlap_score_credit` too when it is 0 (anchors.md §3.2). Unset by default.
+    pub kv_overlap_weight: Option<f64>,
+    /// prefix_hash: leading tokens hashed (chars: 4 per token) ([`defaults::PREFIX_HASH_TOKENS`]).
+    pub prefix_hash_tokens: usize,
+    /// prefix_hash and consistent_hash: a worker above this × the mean load (+1) is passed
+    /// over on the ring ([`defaults::HASH_LOAD_FACTOR`]); ≥ 1.
+    pub hash_load_factor: f64,
+    /// predicted_ttft: weight α of the request's own prefill time against the wait
+    /// ([`defaults::TTFT_PREFILL_WEIGHT`]); ≥ 0.
+    pub ttft_prefill_weight: f64,
+    /// predicted_ttft: weight of the prefill time of other sessions' cached blocks this
+    /// request would evict ([`defaults::TTFT_EVICT_WEIGHT`]); ≥ 0.
+    pub ttft_evict_weight: f64,
+    /// predicted_ttft: charge when the request's new blocks do not fit in the worker's free
+    /// KV memory, ms ([`defaults::TTFT_NO_FIT_MS`]); ≥ 0.
+    pub ttft_no_fit_ms: f64,
+    /// Prompt chars per token, for text requests' token estimates
+    /// ([`defaults::CHARS_PER_TOKEN`]); > 0.
+    pub chars_per_token: f64,
+}
+
+impl Default for PolicyKnobs {
+    fn default() -> Self {
+        Self {
+            overlap_decay: defaults::OVERLAP_DECAY,
+            selection_temperature: defaults::SELECTION_TEMPERATURE,
+            overload_token_usage_threshold: defaults::OVERLOAD_TOKEN_USAGE_THRESHOLD,
+            balance_token_usage_threshold: defaults::BALANCE_TOKEN_USAGE_THRESHOLD,
+            overlap_score_credit: defaults::OVERLAP_SCORE_CREDIT,
+            overlap_score_credit_decay: defaults::OVERLAP_SCORE_CREDIT_DECAY,
+            prefill_load_scale: defaults::PREFILL_LOAD_SCALE,
+            decode_active_request_weight: defaults::DECODE_ACTIVE_REQUEST_WEIGHT,
+            host_cache_hit_weight: defaults::HOST_CACHE_HIT_WEIGHT,
+            disk_cache_hit_weight: defaults::DISK_CACHE_HIT_WEIGHT,
+            router_temperature: defaults::ROUTER_TEMPERATURE,
+            kv_overlap_weight: None,
+            prefix_hash_tokens: defaults::PREFIX_HASH_TOKENS,
+            hash_load_factor: defaults::HASH_LOAD_FACTOR,
+            ttft_prefill_weight: defaults::TTFT_PREFILL_WEIGHT,
+            ttft_evict_weight: defaults::TTFT_EVICT_WEIGHT,
+            ttft_no_fit_ms: defaults::TTFT_NO_FIT_MS,
+            chars_per_token: defaults::CHARS_PER_TOKEN,
+        }
+    }
+}
+
+impl PolicyKnobs {
+    /// The first knob out of range: `(name, value, rule)`.
+    pub fn invalid(&self) -> Option<(&'static str, f64, &'static str)> {
+        let k = self;
+        let unit = |v: f64| (0.0..=1.0).contains(&v);
+        let nonneg = |v: f64| v.is_finite() && v >= 0.0;
+        [
+            (
+                "overlap_decay",
+                k.overlap_decay,
+                nonneg(k.overlap_decay),
+                ">= 0",
+            ),
+            (
+                "selection_temperature",
+                k.selection_temperature,
+                nonneg(k.selection_temperature),
+                ">= 0",
+            ),
+            (
+                "overload_token_usage_threshold",
+                k.overload_token_usage_threshold,
+                unit(k.overload_token_usage_threshold),
+                "in [0, 1]",
+            ),
+            (
+                "balance_token_usage_threshold",
+                k.balance_token_usage_threshold,
+                unit(k.balance_token_usage_threshold),
+                "in [0, 1]",
+            ),
+            (
+                "overlap_score_credit",
+                k.overlap_score_credit,
+                unit(k.overlap_score_credit),
+                "in [0, 1]",
+            ),
+            (
+                "overlap_score_credit_decay",
+                k.overlap_score_credit_decay,
+                nonneg(k.overlap_score_credit_decay),
+                ">= 0",
+            ),
+            (
+                "prefill_load_scale",
+                k.prefill_load_scale,
+                nonneg(k.prefill_load_scale),
+                ">= 0",
+            ),
+            (
+                "decode_active_request_weight",
+                k.decode_active_request_weight,
+                nonneg(k.decode_active_request_weight),
+                ">= 0",
+            ),
+            (
+                "host_cache_hit_weight",
+                k.host_cache_hit_weight,
+                unit(k.host_cache_hit_weight),
+                "in [0, 1]",
+            ),
+            (
+                "disk_cache_hit_weight",
+                k.disk_cache_hit_weight,
+                unit(k.disk_cache_hit_weight),
+                "in [0, 1]",
+            ),
+            (
+                "router_temperature",
+                k.router_temperature,
+                nonneg(k.router_temperature),
+                ">= 0",
+            ),
+            (
+                "kv_overlap_weight",
+                k.kv_overlap_weight.unwrap_or(0.0),
+                nonneg(k.kv_overlap_weight.unwrap_or(0.0)),
+                ">= 0",
+            ),
+            (
+                "prefix_hash_tokens",
+                k.prefix_hash_tokens as f64,
+                k.prefix_hash_tokens > 0,
+                "> 0",
+            ),
+            (
+                "hash_load_factor",
+                k.hash_load_factor,
+                k.hash_load_factor.is_finite() && k.hash_load_factor >= 1.0,
+                ">= 1",
+            ),
+            (
+                "ttft_prefill_weight",
+                k.ttft_prefill_weight,
+                nonneg(k.ttft_prefill_weight),
+                ">= 0",
+            ),
+            (
+                "ttft_evict_weight",
+                k.ttft_evict_weight,
+                nonneg(k.ttft_evict_weight),
+                ">= 0",
+            ),
+            (
+                "ttft_no_fit_ms",
+                k.ttft_no_fit_ms,
+                nonneg(k.ttft_no_fit_ms),
+                ">= 0",
+            ),
+            (
+                "chars_per_token",
+                k.chars_per_token,
+                k.chars_per_token.is_finite() && k.chars_per_token > 0.0,
+                "> 0",
+            ),
+        ]
+        .into_iter()
+        .find(|e| !e.2)
+        .map(|(n, v, _, r)| (n, v, r))
+    }
+
+    /// Dynamo's deprecation rule for `kv_overlap_weight` (anchors.md §3.2): `(credit,
+    /// prefill_load_scale)` in effect.
+    pub fn kv_credit_and_scale(&self) -> (f64, f64) {
+        match self.kv_overlap_weight {
+            Some(w) if w == 0.0 => (0.0, 0.0),
+            Some(w) => (self.overlap_score_credit, w),
+            None => (self.overlap_score_credit, self.prefill_load_scale),
+        }
     }
 }
 
@@ -100,6 +372,9 @@ pub struct Config {
     pub balance_rel_threshold: f64,
     /// Spill gate absolute margin, requests ([`defaults::BALANCE_ABS_THRESHOLD`]).
     pub balance_abs_threshold: usize,
+    /// Policy knobs (cache_aware, kv_aware, prefix_hash, predicted_ttft): see
+    /// [`PolicyKnobs`]; TOML table `[knobs]`, flags named as the fields.
+    pub knobs: PolicyKnobs,
     /// Per-model string tree budget, chars ([`defaults::MAX_TREE_SIZE_CHARS`]).
     pub max_tree_size_chars: usize,
     /// Per-model token tree budget, tokens ([`defaults::MAX_TREE_SIZE_TOKENS`]).
@@ -209,6 +484,7 @@ impl Default for Config {
             cache_threshold: defaults::CACHE_THRESHOLD,
             balance_rel_threshold: defaults::BALANCE_REL_THRESHOLD,
             balance_abs_threshold: defaults::BALANCE_ABS_THRESHOLD,
+            knobs: PolicyKnobs::default(),
             max_tree_size_chars: defaults::MAX_TREE_SIZE_CHARS,
             max_tree_size_tokens: defaults::MAX_TREE_SIZE_TOKENS,
             block_size: defaults::BLOCK_SIZE,
@@ -300,6 +576,9 @@ impl Config {
         };
         if self.shards == Some(0) {
             return bad("shards", 0.0, "at least 1");
+        }
+        if let Some((field, value, expected)) = self.knobs.invalid() {
+            return bad(field, value, expected);
         }
         if !(0.0..=1.0).contains(&self.cache_threshold) {
             return bad("cache_threshold", self.cache_threshold, "in [0, 1]");
@@ -670,7 +949,7 @@ mod tests {
         // Wrong type and unknown policy are syntax errors, with the key in the message.
         for bad in [
             "shards = \"two\"",
-            "policy = \"random\"",
+            "policy = \"fastest\"",
             "workers = \"http://a:1\"",
         ] {
             let e = Config::from_toml_str(bad).unwrap_err();
@@ -769,7 +1048,7 @@ mod tests {
             "least-request".parse::<PolicyKind>().unwrap(),
             PolicyKind::LeastRequest
         );
-        assert!("random".parse::<PolicyKind>().is_err());
+        assert!("fastest".parse::<PolicyKind>().is_err());
     }
 
     #[test]

@@ -1,26 +1,60 @@
 //! [`Router`]: picks a worker for a request from its [`RouteKey`] and a [`Snapshot`] of the
-//! eligible workers and their loads. No sockets, no clocks; randomness only breaks ties.
+//! eligible workers and their loads. No sockets, no clocks; randomness only breaks ties (and
+//! samples, for the policies that sample).
 //!
 //! Two steps, as the request lifecycle has them (style.md "One request"):
-//! - [`Router::decide`] is read-only: it matches the indexes and picks among
-//!   `snapshot.eligible` only, and writes nothing, so a failed attempt can decide again with
-//!   the failed worker vetoed and leave no trace;
+//! - [`Router::decide`] is read-only: it reads the indexes through [`prefix::PrefixIndex`]
+//!   and the snapshot, picks among `snapshot.eligible` only, and writes nothing, so a failed
+//!   attempt can decide again with the failed worker vetoed and leave no trace;
 //! - [`Router::record`] runs once the request is committed to its worker (the gateway: when
 //!   the worker's response head arrives; the simulator: when it dispatches), and writes the
-//!   chosen worker into the approximate indexes.
+//!   chosen worker into the approximate indexes. [`Router::booking`] says what the dispatch
+//!   books on the worker's load ([`crate::load::active`]).
 //!
-//! cache_aware keeps, per model, a [`StringTree`] (text requests), a [`TokenTree`] (requests
-//! with token ids, whole pages of `block_size`) and in hash mode a [`HashIndex`], each inside a
-//! [`LeftRight`]: a decision matches on the published copy without a lock and without waiting
-//! for a writer, then queues its insert; the write is applied by whichever decision holds the
-//! writer side (never waited for). The event index ([`kvroute_index::EventIndex`]) is fed by
-//! engine events (issue 5) and is not consulted here yet.
+//! One pipeline for every policy: the request's facts ([`Request`]), then its overlaps with
+//! every worker from one index ([`prefix::Overlaps`], chosen by [`Router::overlaps`]), then
+//! the policy's selector, a small pure function in its own file:
+//!
+//! | policy | file | reads | picks |
+//! |---|---|---|---|
+//! | `round_robin` | `round_robin.rs` | `seq` | `eligible[seq % n]` |
+//! | `random` | `random.rs` | — | uniform |
+//! | `least_request` | `least_request.rs` | requests | fewest, random ties |
+//! | `power_of_two` | `power_of_two.rs` | engine reports, credit | lower expected wait of two |
+//! | `least_load` | `least_load.rs` | engine reports, credit | lowest expected wait (SMG §2.5) |
+//! | `cache_aware`, `smg_cache_aware` | `cache_aware.rs` | overlaps, requests, KV usage | SMG §2.2 |
+//! | `kv_aware`, `dynamo_kv` | `kv_aware.rs` | overlaps, prefill tokens, decode blocks | Dynamo §3.1 |
+//! | `prefix_hash` | `prefix_hash.rs` | the prompt's head, requests | ring, bounded load |
+//! | `consistent_hash` | `consistent_hash.rs` | the session key, requests | ring, bounded load |
+//! | `pure_affinity` | `pure_affinity.rs` | overlaps | the largest |
+//! | `predicted_ttft` | `predicted_ttft.rs` | overlaps, prefill clock, learned curve, KV memory | lowest predicted TTFT |
+//!
+//! The trees and the hash index live per model inside [`LeftRight`]s: a decision matches on
+//! the published copy without a lock and without waiting for a writer; a record queues its
+//! insert, applied by whichever caller holds the writer side. The event index
+//! ([`crate::events::EventReader`]) is fed by engine events only.
+
+mod cache_aware;
+mod consistent_hash;
+mod kv_aware;
+mod least_load;
+mod least_request;
+mod power_of_two;
+mod predicted_ttft;
+pub mod prefix;
+mod prefix_hash;
+mod pure_affinity;
+mod random;
+mod round_robin;
+pub mod wait;
 
 use crate::config::{Config, PolicyKind};
+use crate::load::active::Booking;
 use crate::route_key::RouteKey;
 use kvroute_index::{
     HashIndex, HashIndexConfig, LeftRight, Namespace, StringTree, TenantId, TokenTree,
 };
+use prefix::{Overlaps, PrefixIndex, Query, Source, Unit};
 use rand::Rng;
 
 use std::collections::HashMap;
@@ -28,17 +62,31 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use crate::config::CacheIndexKind;
+pub use crate::workers::WorkerLoad;
+pub use cache_aware::{CacheAwareParams, SPILL_NEAR_LOAD, SpillGate};
+pub use consistent_hash::{Ring, VIRTUAL_NODES};
+pub use kv_aware::KvParams;
+pub use predicted_ttft::TtftParams;
+pub use wait::{expected_wait_s, least_loaded};
 
-/// Why a worker was chosen.
+/// Why a worker was chosen: the branch of the policy that chose it (metric label
+/// [`Reason::as_str`], decision log).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Reason {
     /// round_robin's turn.
     RoundRobin,
+    /// random's draw.
+    Random,
     /// least_request: fewest in flight.
     LeastRequest,
-    /// cache_aware on token ids (token tree or hash index): a prefix holder that is not hot.
+    /// power_of_two: the lower expected wait of two draws.
+    PowerOfTwo,
+    /// least_load: the lowest expected wait.
+    LeastLoad,
+    /// cache_aware on token ids (token tree, hash index, events): a prefix holder that is not
+    /// hot.
     TokenHit {
-        /// Matched prefix, tokens (whole pages, or the matched hash head).
+        /// Matched prefix, tokens (whole pages, blocks, or the matched hash head).
         matched_tokens: usize,
         /// matched_tokens / request tokens.
         ratio: f64,
@@ -50,31 +98,62 @@ pub enum Reason {
         /// matched_chars / request chars.
         ratio: f64,
     },
-    /// cache_aware: match ratio at or below the threshold; least-loaded worker.
+    /// cache_aware: no holder above the threshold; lowest expected wait.
     CacheMiss,
-    /// cache_aware: every prefix holder was hot; least-loaded worker.
+    /// cache_aware: every prefix holder was hot; a spill target.
     Spill,
+    /// cache_aware: engine KV usage tripped a pressure threshold; lowest expected wait.
+    KvPressure,
+    /// kv_aware / predicted_ttft / pure_affinity: the lowest cost (highest overlap for
+    /// pure_affinity), with the chosen worker's overlap.
+    Cost {
+        /// The chosen worker's predicted cached prefix, tokens (text: chars scaled).
+        matched_tokens: usize,
+        /// Its share of the request, 0–1.
+        ratio: f64,
+    },
+    /// prefix_hash / consistent_hash: the key's owner on the ring (`fallback`: it was full
+    /// or ineligible and the walk went on; no key at all: the least loaded).
+    Hashed {
+        /// The owner was passed over.
+        fallback: bool,
+    },
 }
 
 impl Reason {
-    /// Metric label: `round_robin`, `least_request`, `hit`, `miss`, `spill`.
+    /// Metric label: the policy's name for its own branch (`round_robin`, `random`,
+    /// `least_request`, `power_of_two`, `least_load`), `hit`, `miss`, `spill`,
+    /// `kv_pressure`, `cost_hit` / `cost_miss` (a cost decision with / without overlap),
+    /// `hash` / `hash_fallback`.
     pub fn as_str(&self) -> &'static str {
         match self {
             Reason::RoundRobin => "round_robin",
+            Reason::Random => "random",
             Reason::LeastRequest => "least_request",
+            Reason::PowerOfTwo => "power_of_two",
+            Reason::LeastLoad => "least_load",
             Reason::CacheHit { .. } | Reason::TokenHit { .. } => "hit",
             Reason::CacheMiss => "miss",
             Reason::Spill => "spill",
+            Reason::KvPressure => "kv_pressure",
+            Reason::Cost { matched_tokens, .. } if *matched_tokens > 0 => "cost_hit",
+            Reason::Cost { .. } => "cost_miss",
+            Reason::Hashed { fallback: false } => "hash",
+            Reason::Hashed { fallback: true } => "hash_fallback",
         }
     }
 
     /// The prefix the router expects the chosen worker to serve from its KV cache, tokens:
-    /// `matched_tokens` for a token hit; for a text hit, `ratio × prompt_tokens` (the matched
-    /// share of the prompt's chars applied to its tokens, rounded), with `prompt_tokens` from
-    /// the engine's `usage`. `None` for every other reason: no overlap was predicted.
+    /// `matched_tokens` for a token hit or a cost decision with overlap; for a text hit,
+    /// `ratio × prompt_tokens` (the matched share of the prompt's chars applied to its
+    /// tokens, rounded), with `prompt_tokens` from the engine's `usage`. `None` for every
+    /// other reason: no overlap was predicted.
     pub fn predicted_cached_tokens(&self, prompt_tokens: u64) -> Option<u64> {
         match *self {
             Reason::TokenHit { matched_tokens, .. } => Some(matched_tokens as u64),
+            Reason::Cost { matched_tokens, .. } if matched_tokens > 0 => {
+                Some(matched_tokens as u64)
+            }
             Reason::CacheHit { ratio, .. } => Some((ratio * prompt_tokens as f64).round() as u64),
             _ => None,
         }
@@ -90,82 +169,24 @@ pub struct Decision {
     pub reason: Reason,
 }
 
-/// The spill gate of SMG (anchors.md §2.2 step 5): worker `w` is hot when
-/// `loads[w] > rel × mean` **and** `loads[w] > mean + abs`, mean over eligible workers.
-#[derive(Debug, Clone, Copy)]
-pub struct SpillGate {
-    /// Load above which a worker is hot, requests (`max(rel × mean, mean + abs)`).
-    pub threshold: f64,
-}
-
-impl SpillGate {
-    /// Gate for the loads of `eligible` (worker ids into `loads`): the mean is over eligible
-    /// workers only, so a dead or draining worker at load 0 does not make the live ones look
-    /// hot (bug-cases.md B5).
-    pub fn new(loads: &[usize], eligible: &[usize], rel: f64, abs: usize) -> Self {
-        let mean = if eligible.is_empty() {
-            0.0
-        } else {
-            eligible.iter().map(|&w| loads[w]).sum::<usize>() as f64 / eligible.len() as f64
-        };
-        Self {
-            threshold: (rel * mean).max(mean + abs as f64),
-        }
-    }
-
-    /// True when a worker with `load` in flight is hot.
-    pub fn is_hot(&self, load: usize) -> bool {
-        load as f64 > self.threshold
-    }
-}
-
-/// A spill on the event index goes to a worker at most this many requests above the least
-/// loaded, preferring the most leading blocks held (bug-cases.md B11: "load ≤ min + margin,
-/// preferring the longest prefix"). Measured with `kvroute simulate` over 40 workloads: margin
-/// 0 / 1 / 2 / 4 gave +0.09 / +0.08 / +0.05 / +0.04 points of hit rate against spilling to the
-/// least loaded; at 3,072 blocks +0.08 / +0.16 / +0.18 / +0.05, the worst workload 53.9 / 54.3 /
-/// 54.6 / 54.6 % against 50.9; at twice the arrival rate 0.00 / +0.01 / −0.02 / −0.12 (events
-/// only; the trees use it too, from [`kvroute_index::StringTree::match_depths`]).
-pub const SPILL_NEAR_LOAD: usize = 1;
-
-/// Where a spill goes (bug-cases.md B11): among eligible workers at most [`SPILL_NEAR_LOAD`]
-/// above the least eligible load, the one holding the longest prefix of the request
-/// (`depth(worker)`, in any unit: blocks, tokens, chars), ties to the least loaded, at random.
-/// Not a hot worker while the spill margin (`balance_abs_threshold`) is at least
-/// [`SPILL_NEAR_LOAD`]: hot needs a load above the mean + the margin, and the mean is at least
-/// the least load. `snap.eligible` must not be empty.
-fn spill_target(snap: &Snapshot<'_>, depth: impl Fn(usize) -> usize, rng: &mut impl Rng) -> usize {
-    let loads = snap.loads;
-    let min = snap.eligible.iter().map(|&w| loads[w]).min().unwrap_or(0);
-    let near = |w: &usize| loads[*w] <= min + SPILL_NEAR_LOAD;
-    let best = snap.eligible.iter().copied().filter(near).map(&depth).max();
-    least_loaded(
-        loads,
-        snap.eligible
-            .iter()
-            .copied()
-            .filter(|w| near(w) && Some(depth(*w)) == best),
-        rng,
-    )
-    .unwrap_or(snap.eligible[0])
-}
-
-/// What a policy may read (issue 13's policy seam): the loads of every worker, the eligible
-/// ones, the request's sequence number and the time. Made by the caller (the gateway from its
-/// registry, `kvroute_core::workers::Workers::snapshot`; the simulator from its fleet); a
-/// policy never looks past it.
+/// What a policy may read: every worker's load ([`WorkerLoad`]: requests in flight, booked
+/// prefill tokens and time, active decode blocks, the last engine report with its since-poll
+/// credit, the learned prefill curve), the eligible ones, the request's sequence number and
+/// the time. Made by the caller (the gateway from its registry,
+/// [`crate::workers::Workers::snapshot`]; the simulator from its fleet); a policy never
+/// looks past it.
 #[derive(Debug, Clone, Copy)]
 pub struct Snapshot<'a> {
-    /// Load by worker id (requests in flight + foreign), one entry per worker slot.
-    pub loads: &'a [usize],
+    /// Load by worker id, one entry per worker slot.
+    pub workers: &'a [WorkerLoad],
     /// Ids the request may go to (healthy, breaker not open, serving its model, not draining,
-    /// not vetoed by an earlier attempt), ascending; every id `< loads.len()`. Must not be
+    /// not vetoed by an earlier attempt), ascending; every id `< workers.len()`. Must not be
     /// empty (the caller answers 503 instead of deciding).
     pub eligible: &'a [usize],
     /// The request's sequence number: round_robin's turn (`eligible[seq % len]`), so the
     /// policy keeps no counter of its own.
     pub seq: u64,
-    /// Time on the router's time base ([`Router::now_ms`]), for the hash index's TTL.
+    /// Time on the router's time base ([`Router::now_ms`]), ms.
     pub now_ms: u64,
 }
 
@@ -175,38 +196,79 @@ impl<'a> Snapshot<'a> {
         self.eligible.binary_search(&w).is_ok()
     }
 
-    fn least_loaded(&self, rng: &mut impl Rng) -> usize {
-        least_loaded(self.loads, self.eligible.iter().copied(), rng).unwrap_or(self.eligible[0])
+    /// Requests on worker `w` (in flight + foreign).
+    pub fn requests(&self, w: usize) -> usize {
+        self.workers[w].requests
+    }
+
+    /// The eligible worker with the fewest requests, ties at random (B1).
+    pub fn least_loaded(&self, rng: &mut impl Rng) -> usize {
+        wait::pick_min(
+            self.eligible.iter().copied(),
+            |w| self.requests(w) as f64,
+            rng,
+        )
+        .unwrap_or(self.eligible[0])
+    }
+
+    /// The eligible worker with the lowest expected wait ([`expected_wait_s`]), ties at
+    /// random.
+    pub fn least_wait(&self, rng: &mut impl Rng) -> usize {
+        self.least_wait_among(self.eligible.iter().copied(), rng)
+            .unwrap_or(self.eligible[0])
+    }
+
+    /// The lowest expected wait among `candidates`, ties at random; `None` when empty.
+    pub fn least_wait_among(
+        &self,
+        candidates: impl IntoIterator<Item = usize>,
+        rng: &mut impl Rng,
+    ) -> Option<usize> {
+        let dark = !self
+            .eligible
+            .iter()
+            .any(|&w| self.workers[w].active.engine.is_some());
+        wait::pick_min(candidates, |w| expected_wait_s(self, w, dark), rng)
     }
 }
 
-/// The least-loaded of `candidates` (worker ids), ties broken uniformly at random — never by
-/// list order (bug-cases.md B1). `None` when `candidates` is empty.
-pub fn least_loaded(
-    loads: &[usize],
-    candidates: impl IntoIterator<Item = usize>,
-    rng: &mut impl Rng,
-) -> Option<usize> {
-    let mut best: Option<(usize, usize)> = None; // (worker, load)
-    let mut ties = 0u32;
-    for w in candidates {
-        let load = loads[w];
-        match best {
-            Some((_, b)) if load > b => {}
-            Some((_, b)) if load == b => {
-                // Reservoir sampling over the tied set: uniform without collecting it.
-                ties += 1;
-                if rng.random_range(0..ties) == 0 {
-                    best = Some((w, load));
-                }
-            }
-            _ => {
-                best = Some((w, load));
-                ties = 1;
-            }
-        }
+/// The facts of one request every selector reads, computed once per decision.
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    /// The routing key.
+    pub key: &'a RouteKey,
+    /// Its token ids, if any (non-empty).
+    pub ids: Option<&'a [u32]>,
+    /// Router block keys of `ids` at the event index's block size (the router's otherwise).
+    pub block_keys: Vec<u64>,
+    /// Prompt length, tokens (text: chars / `chars_per_token`, rounded up).
+    pub prompt_tokens: u64,
+    /// Prompt length in chars (0 without text).
+    pub chars: usize,
+    /// Block size of `block_keys`, tokens.
+    pub block_size: usize,
+}
+
+impl Request<'_> {
+    /// Prompt blocks, fractional (Dynamo's `request_blocks`).
+    pub fn blocks(&self) -> f64 {
+        self.prompt_tokens as f64 / self.block_size as f64
     }
-    best.map(|(w, _)| w)
+}
+
+/// How a policy's overlaps are chosen among the indexes ([`Router::overlaps`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OverlapRule {
+    /// kvroute's: token requests on the event index when an eligible worker holds more
+    /// than `threshold` of the request there; else the token tree (requests in flight that
+    /// no engine has announced yet), text on the string tree.
+    EventsThenTree {
+        /// Share of the request, 0–1.
+        threshold: f64,
+    },
+    /// The anchors': the event index whenever it holds anything (never the trees); else the
+    /// trees.
+    EventsOnly,
 }
 
 /// A queued write to a tree: applied to both copies of a [`LeftRight`], in order.
@@ -248,7 +310,7 @@ fn apply_hash(h: &mut HashIndex, op: &HashOp) {
     }
 }
 
-/// The cache_aware indexes of one model, each readable without locks.
+/// The indexes of one model, each readable without locks.
 pub struct ModelIndexes {
     /// Text requests (chars).
     pub strings: LeftRight<StringTree, TreeOp<Box<str>>>,
@@ -258,16 +320,63 @@ pub struct ModelIndexes {
     pub hash: Option<LeftRight<HashIndex, HashOp>>,
 }
 
+/// Every policy's parameters, resolved once from [`Config`] (presets replace the knobs with
+/// their anchor's defaults).
+#[derive(Debug, Clone, Copy)]
+struct Params {
+    cache_aware: CacheAwareParams,
+    kv: KvParams,
+    ttft: TtftParams,
+    hash_tokens: usize,
+    hash_load_factor: f64,
+    chars_per_token: f64,
+    rule: OverlapRule,
+}
+
+impl Params {
+    fn of(cfg: &Config) -> Self {
+        let k = &cfg.knobs;
+        let kvroute_rule = OverlapRule::EventsThenTree {
+            threshold: cfg.cache_threshold,
+        };
+        let (cache_aware, kv, rule) = match cfg.policy {
+            PolicyKind::SmgCacheAware => (
+                CacheAwareParams::smg(),
+                KvParams::of(k),
+                OverlapRule::EventsOnly,
+            ),
+            PolicyKind::DynamoKv => (
+                CacheAwareParams::of(cfg),
+                KvParams::dynamo(),
+                OverlapRule::EventsOnly,
+            ),
+            PolicyKind::KvAware => (
+                CacheAwareParams::of(cfg),
+                KvParams::of(k),
+                OverlapRule::EventsOnly,
+            ),
+            _ => (CacheAwareParams::of(cfg), KvParams::of(k), kvroute_rule),
+        };
+        Self {
+            cache_aware,
+            kv,
+            ttft: TtftParams::of(k),
+            hash_tokens: k.prefix_hash_tokens,
+            hash_load_factor: k.hash_load_factor,
+            chars_per_token: k.chars_per_token,
+            rule,
+        }
+    }
+}
+
 /// Picks workers for requests: one per gateway, shared by all shards (`Send + Sync`).
 ///
-/// Holds the policy and its thresholds (from [`Config`]), a round-robin counter, and for
-/// cache_aware one [`ModelIndexes`] per model (keyed by [`RouteKey::model`], created on first
-/// use). Lookups take no lock; writes are queued and applied by one writer at a time.
+/// Holds the policy and its parameters (from [`Config`]), and one [`ModelIndexes`] per model
+/// (keyed by [`RouteKey::model`], created on first record). Lookups take no lock; writes are
+/// queued and applied by one writer at a time.
 pub struct Router {
     kind: PolicyKind,
-    cache_threshold: f64,
-    balance_rel_threshold: f64,
-    balance_abs_threshold: usize,
+    params: Params,
     max_tree_size_chars: usize,
     max_tree_size_tokens: usize,
     block_size: usize,
@@ -278,6 +387,10 @@ pub struct Router {
     /// Lock-free read side of the engine KV-event index (issue 5), written only by `io`'s
     /// event writer.
     events: Option<crate::events::EventReader>,
+    /// The consistent-hash ring of prefix_hash / consistent_hash, rebuilt when the number
+    /// of worker slots changes (a memo of a pure function of that number, not routing
+    /// state).
+    ring: arc_swap::ArcSwapOption<Ring>,
 }
 
 fn add_model(m: &mut HashMap<String, Arc<ModelIndexes>>, op: &(String, Arc<ModelIndexes>)) {
@@ -285,13 +398,11 @@ fn add_model(m: &mut HashMap<String, Arc<ModelIndexes>>, op: &(String, Arc<Model
 }
 
 impl Router {
-    /// A router for `cfg` (policy, thresholds, index settings).
+    /// A router for `cfg` (policy, its parameters, index settings).
     pub fn new(cfg: &Config) -> Self {
         Self {
             kind: cfg.policy,
-            cache_threshold: cfg.cache_threshold,
-            balance_rel_threshold: cfg.balance_rel_threshold,
-            balance_abs_threshold: cfg.balance_abs_threshold,
+            params: Params::of(cfg),
             max_tree_size_chars: cfg.max_tree_size_chars,
             max_tree_size_tokens: cfg.max_tree_size_tokens,
             block_size: cfg.block_size.max(1),
@@ -303,81 +414,219 @@ impl Router {
             started: Instant::now(),
             models: LeftRight::new(HashMap::new(), add_model),
             events: None,
+            ring: arc_swap::ArcSwapOption::empty(),
         }
     }
 
-    /// Routes token-bearing cache_aware requests on the event index read by `reader`
-    /// (engine KV events) whenever it holds any block. Called once, before the router is
+    /// Routes token-bearing requests on the event index read by `reader` (engine KV events)
+    /// whenever it holds any block ([`OverlapRule`]). Called once, before the router is
     /// shared.
     pub fn set_event_index(&mut self, reader: crate::events::EventReader) {
         self.events = Some(reader);
     }
 
-    /// cache_aware on engine events (issue 5 item 5): `None` when no event index is attached
-    /// or it holds nothing (then the token tree decides). Eligible workers holding more than
-    /// `cache_threshold` of the request in consecutive leading blocks are candidates; among the
-    /// non-hot ones the deepest overlap wins, ties by load (`TokenHit`); all candidates hot →
-    /// `Spill` to the deepest holder among eligible workers within [`SPILL_NEAR_LOAD`] of the
-    /// least load (B11); none → `None` as well: the token tree decides (requests in flight
-    /// that no engine has announced yet), else `CacheMiss`. Reads only.
-    fn decide_on_events(
-        &self,
-        snap: &Snapshot<'_>,
-        ids: &[u32],
-        gate: &SpillGate,
-        rng: &mut impl Rng,
-    ) -> Option<Decision> {
-        let ix = self.events.as_ref()?;
-        if ix.is_empty() {
-            return None;
-        }
-        let loads = snap.loads;
-        let bs = ix.block_size();
-        let keys = kvroute_index::keys::block_keys(ids, bs);
-        let mut blocks = vec![0usize; loads.len()];
-        for m in ix.find_matches(&keys) {
-            if let Some(b) = blocks.get_mut(m.stream.worker as usize) {
-                *b = (*b).max(m.blocks);
-            }
-        }
-        // As in cache_aware: a match of at most `cache_threshold` of the request is a miss.
-        let deep = |b: usize| (b * bs) as f64 / ids.len().max(1) as f64 > self.cache_threshold;
-        let eligible = || snap.eligible.iter().copied();
-        let cool = |w: &usize| deep(blocks[*w]) && !gate.is_hot(loads[*w]);
-        let top = eligible().filter(cool).map(|w| blocks[w]).max();
-        Some(match top {
-            Some(t) => {
-                let worker = least_loaded(
-                    loads,
-                    eligible().filter(|w| cool(w) && blocks[*w] == t),
-                    rng,
-                )
-                .unwrap_or(snap.eligible[0]);
-                Decision {
-                    worker,
-                    reason: Reason::TokenHit {
-                        matched_tokens: t * bs,
-                        ratio: (t * bs) as f64 / ids.len().max(1) as f64,
-                    },
-                }
-            }
-            // Every deep eligible holder is hot: B11's spill target.
-            None if eligible().any(|w| deep(blocks[w])) => Decision {
-                worker: spill_target(snap, |w| blocks[w], rng),
-                reason: Reason::Spill,
-            },
-            // No engine holds enough of the prompt *yet*: engines announce blocks only once
-            // they schedule the request, so the followers of a new shared prefix arrive
-            // before its stores. The token tree (where the router sent recent requests)
-            // decides those, so a burst lands together instead of recomputing the prefix on
-            // every least-loaded worker; with no tree match either it is the same miss.
-            None => return None,
-        })
-    }
-
     /// The policy.
     pub fn kind(&self) -> PolicyKind {
         self.kind
+    }
+
+    /// The facts of `key` every selector reads.
+    pub fn request<'k>(&self, key: &'k RouteKey) -> Request<'k> {
+        let ids = key.input_ids.as_deref().filter(|v| !v.is_empty());
+        let block_size = self
+            .events
+            .as_ref()
+            .map_or(self.block_size, |e| e.block_size());
+        let chars = if key.text.is_empty() {
+            0
+        } else {
+            key.text.chars().count()
+        };
+        let prompt_tokens = match ids {
+            Some(ids) => ids.len() as u64,
+            None => (chars as f64 / self.params.chars_per_token).ceil() as u64,
+        };
+        Request {
+            key,
+            ids,
+            block_keys: ids.map_or_else(Vec::new, |ids| {
+                kvroute_index::keys::block_keys(ids, block_size)
+            }),
+            prompt_tokens,
+            chars,
+            block_size,
+        }
+    }
+
+    /// The overlaps of `req` with every worker slot of `snap`, from the index its policy's
+    /// [`OverlapRule`] picks (see [`prefix`]). Reads only.
+    pub fn overlaps(&self, snap: &Snapshot<'_>, req: &Request<'_>) -> Overlaps {
+        let n = snap.workers.len();
+        let ns: Namespace = req.key.namespace;
+        let q = Query {
+            text: &req.key.text,
+            ids: req.ids,
+            block_keys: &req.block_keys,
+            now_ms: snap.now_ms,
+        };
+        let token_len = req.prompt_tokens.max(1) as usize;
+        if let (Some(_), Some(ev)) = (req.ids, &self.events) {
+            if !ev.is_empty() {
+                let o = Overlaps::from_index(
+                    Source::Events,
+                    Unit::Tokens,
+                    &ev.overlaps(ns, &q),
+                    n,
+                    token_len,
+                    1.0,
+                );
+                match self.params.rule {
+                    OverlapRule::EventsOnly => return o,
+                    OverlapRule::EventsThenTree { threshold } => {
+                        if snap.eligible.iter().any(|&w| o.ratio(w) > threshold) {
+                            return o;
+                        }
+                    }
+                }
+            }
+        }
+        let tokens_per_char = req.prompt_tokens as f64 / req.chars.max(1) as f64;
+        let Some(idx) = self.existing_model(&req.key.model) else {
+            return match req.ids {
+                Some(_) => Overlaps::none(n, token_len, Unit::Tokens, 1.0),
+                None => Overlaps::none(n, req.chars, Unit::Chars, tokens_per_char),
+            };
+        };
+        match (req.ids, &idx.hash) {
+            (Some(_), Some(h)) => Overlaps::from_index(
+                Source::HashIndex,
+                Unit::Tokens,
+                &h.read().overlaps(ns, &q),
+                n,
+                token_len,
+                1.0,
+            ),
+            (Some(_), None) => Overlaps::from_index(
+                Source::TokenTree,
+                Unit::Tokens,
+                &idx.tokens.read().overlaps(ns, &q),
+                n,
+                token_len,
+                1.0,
+            ),
+            // Text in hash mode: no index.
+            (None, Some(_)) => Overlaps::none(n, req.chars, Unit::Chars, tokens_per_char),
+            (None, None) => Overlaps::from_index(
+                Source::StringTree,
+                Unit::Chars,
+                &idx.strings.read().overlaps(ns, &q),
+                n,
+                req.chars,
+                tokens_per_char,
+            ),
+        }
+    }
+
+    /// Chooses a worker among `snap.eligible` for `key`. Read-only: nothing is written into
+    /// any index (that is [`Router::record`]'s job, once the request is committed), so an
+    /// attempt that fails can decide again with its worker vetoed. Randomness only breaks
+    /// ties and draws samples: with a seeded `rng` the same request, snapshot and index state
+    /// give the same decision (the simulator, `kvroute_bench::sim`). Each policy is
+    /// documented in its own file (module doc's table).
+    ///
+    /// # Panics
+    /// When `snap.eligible` is empty or names an id `>= snap.workers.len()`.
+    pub fn decide(&self, snap: &Snapshot<'_>, key: &RouteKey, rng: &mut impl Rng) -> Decision {
+        assert!(!snap.eligible.is_empty(), "decide needs an eligible worker");
+        let p = &self.params;
+        match self.kind {
+            PolicyKind::RoundRobin => round_robin::decide(snap),
+            PolicyKind::Random => random::decide(snap, rng),
+            PolicyKind::LeastRequest => least_request::decide(snap, rng),
+            PolicyKind::PowerOfTwo => power_of_two::decide(snap, rng),
+            PolicyKind::LeastLoad => least_load::decide(snap, rng),
+            PolicyKind::PrefixHash => {
+                let req = self.request(key);
+                prefix_hash::decide(
+                    &self.ring(snap),
+                    snap,
+                    &req,
+                    p.hash_tokens,
+                    p.hash_load_factor,
+                    rng,
+                )
+            }
+            PolicyKind::ConsistentHash => {
+                consistent_hash::decide(&self.ring(snap), snap, key, p.hash_load_factor, rng)
+            }
+            PolicyKind::CacheAware | PolicyKind::SmgCacheAware => {
+                let req = self.request(key);
+                if req.ids.is_none() && req.chars == 0 {
+                    return Decision {
+                        worker: snap.least_wait(rng),
+                        reason: Reason::CacheMiss,
+                    };
+                }
+                let ov = self.overlaps(snap, &req);
+                cache_aware::decide(&p.cache_aware, snap, &req, &ov, rng)
+            }
+            PolicyKind::KvAware | PolicyKind::DynamoKv => {
+                let req = self.request(key);
+                let ov = self.overlaps(snap, &req);
+                kv_aware::decide(&p.kv, snap, &req, &ov, rng)
+            }
+            PolicyKind::PureAffinity => {
+                let req = self.request(key);
+                let ov = self.overlaps(snap, &req);
+                pure_affinity::decide(snap, &ov, rng)
+            }
+            PolicyKind::PredictedTtft => {
+                let req = self.request(key);
+                let ov = self.overlaps(snap, &req);
+                predicted_ttft::decide(&p.ttft, snap, &req, &ov, rng)
+            }
+        }
+    }
+
+    /// What dispatching `key` to `decision.worker` books on that worker's load
+    /// ([`crate::load::active`]): the prompt's tokens, the cached tokens the decision
+    /// predicted, the predicted prefill time from the worker's learned curve, and the
+    /// prompt's blocks (keyed when it has token ids). Reads only.
+    pub fn booking(&self, snap: &Snapshot<'_>, key: &RouteKey, decision: &Decision) -> Booking {
+        let req = self.request(key);
+        let cached = decision
+            .reason
+            .predicted_cached_tokens(req.prompt_tokens)
+            .unwrap_or(0)
+            .min(req.prompt_tokens);
+        let mut b = Booking {
+            prompt_tokens: req.prompt_tokens,
+            cached_tokens: cached,
+            prefill_ms: 0.0,
+            unkeyed_blocks: if req.ids.is_none() {
+                req.prompt_tokens / req.block_size as u64
+            } else {
+                0
+            },
+            block_keys: req.block_keys,
+        };
+        if let Some(w) = snap.workers.get(decision.worker) {
+            let a = &w.active;
+            b.prefill_ms =
+                a.prefill
+                    .prefill_ms(b.new_tokens(), a.step_tokens, predicted_ttft::decoding(w));
+        }
+        b
+    }
+
+    fn ring(&self, snap: &Snapshot<'_>) -> Arc<Ring> {
+        let n = snap.workers.len();
+        if let Some(r) = self.ring.load_full().filter(|r| r.slots() == n) {
+            return r;
+        }
+        let r = Arc::new(Ring::new(n));
+        self.ring.store(Some(Arc::clone(&r)));
+        r
     }
 
     /// The indexes of `model`, if any request for it was recorded (decisions only read).
@@ -423,145 +672,13 @@ impl Router {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Chooses a worker among `snap.eligible` for `key`. Read-only: nothing is written into
-    /// any index (that is [`Router::record`]'s job, once the request is committed), so an
-    /// attempt that fails can decide again with its worker vetoed. Randomness only breaks
-    /// load ties: with a seeded `rng` the same request, snapshot and index state give the
-    /// same decision (the simulator, `kvroute_bench::sim`).
-    ///
-    /// - round_robin: `eligible[seq % eligible.len()]`. Reason `RoundRobin`.
-    /// - least_request: fewest in flight, ties uniformly at random, never by list order (bug
-    ///   B1). Reason `LeastRequest`.
-    /// - cache_aware (SMG, anchors §2.2 steps 3, 5, 6, 7): requests with token ids use the
-    ///   model's event index when it holds blocks (see `decide_on_events`), else the token
-    ///   tree (ratio = whole matched pages × block_size / request tokens; shorter than a page
-    ///   never matches) or, in hash mode, the deepest live hash head; text requests use the
-    ///   string tree (ratio = matched chars / request chars; text in hash mode is a miss). If
-    ///   ratio > `cache_threshold` the candidates are the eligible tenants of the deepest
-    ///   matched node (at most 8); the least-loaded non-hot one wins (`CacheHit` /
-    ///   `TokenHit`). Hot = load > `rel × mean` and load > `mean + abs`, mean over eligible
-    ///   workers ([`SpillGate`], B5). All candidates hot → B11's spill target (`Spill`).
-    ///   Otherwise → the least-loaded eligible worker (`CacheMiss`). A request with neither
-    ///   text nor ids is a miss. Indexes are matched under `key.namespace` (cache partition).
-    ///
-    /// # Panics
-    /// When `snap.eligible` is empty or names an id `>= snap.loads.len()`.
-    pub fn decide(&self, snap: &Snapshot<'_>, key: &RouteKey, rng: &mut impl Rng) -> Decision {
-        assert!(!snap.eligible.is_empty(), "decide needs an eligible worker");
-        match self.kind {
-            PolicyKind::RoundRobin => Decision {
-                worker: snap.eligible[(snap.seq % snap.eligible.len() as u64) as usize],
-                reason: Reason::RoundRobin,
-            },
-            PolicyKind::LeastRequest => Decision {
-                worker: snap.least_loaded(rng),
-                reason: Reason::LeastRequest,
-            },
-            PolicyKind::CacheAware => self.decide_cache_aware(snap, key, rng),
-        }
-    }
-
-    fn decide_cache_aware(
-        &self,
-        snap: &Snapshot<'_>,
-        key: &RouteKey,
-        rng: &mut impl Rng,
-    ) -> Decision {
-        let miss = |rng: &mut _| Decision {
-            worker: snap.least_loaded(rng),
-            reason: Reason::CacheMiss,
-        };
-        // Cache partition (cache_salt / extra_key / LoRA): different namespaces never match.
-        let ns: Namespace = key.namespace;
-        let ids = key.input_ids.as_deref().filter(|v| !v.is_empty());
-        if key.text.is_empty() && ids.is_none() {
-            return miss(rng);
-        }
-        let loads = snap.loads;
-        let gate = SpillGate::new(
-            loads,
-            snap.eligible,
-            self.balance_rel_threshold,
-            self.balance_abs_threshold,
-        );
-        if let Some(d) = ids.and_then(|ids| self.decide_on_events(snap, ids, &gate, rng)) {
-            return d;
-        }
-        let Some(idx) = self.existing_model(&key.model) else {
-            return miss(rng);
-        };
-        // (matched, request length, candidate tenants, is_tokens)
-        let (matched, len, mut tenants, tokens) = match (ids, &idx.hash) {
-            (Some(ids), Some(h)) => match h.read().lookup(ns, ids, snap.now_ms) {
-                Some((b, ts)) => (b, ids.len(), ts, true),
-                None => (0, ids.len(), Vec::new(), true),
-            },
-            (Some(ids), None) => {
-                let m = idx.tokens.read().match_prefix(ns, ids);
-                (m.matched_tokens, ids.len(), m.tenants, true)
-            }
-            (None, Some(_)) => (0, 1, Vec::new(), false),
-            (None, None) => {
-                let m = idx.strings.read().match_prefix(ns, &key.text);
-                (m.matched_chars, key.text.chars().count(), m.tenants, false)
-            }
-        };
-        let ratio = matched as f64 / len.max(1) as f64;
-        // Eligible holders, in id order: a tie-break then depends on the set and the random
-        // draw only, as on the event index (so the simulator's runs compare like with like).
-        tenants.sort_unstable();
-        let holders = || {
-            tenants
-                .iter()
-                .map(|&t| t as usize)
-                .filter(|&w| snap.is_eligible(w))
-        };
-        if ratio <= self.cache_threshold || holders().next().is_none() {
-            return miss(rng);
-        }
-        let cool = holders().filter(|&w| !gate.is_hot(loads[w]));
-        match least_loaded(loads, cool, rng) {
-            Some(worker) => Decision {
-                worker,
-                reason: if tokens {
-                    Reason::TokenHit {
-                        matched_tokens: matched,
-                        ratio,
-                    }
-                } else {
-                    Reason::CacheHit {
-                        matched_chars: matched,
-                        ratio,
-                    }
-                },
-            },
-            // Every eligible holder is hot: B11's spill target (recorded as one more holder).
-            None => {
-                let depths = match (ids, &idx.hash) {
-                    (Some(ids), None) => idx.tokens.read().match_depths(ns, ids),
-                    (None, None) => idx.strings.read().match_depths(ns, &key.text),
-                    (_, Some(_)) => Vec::new(),
-                };
-                let depth = |w: usize| {
-                    depths
-                        .binary_search_by_key(&(w as TenantId), |e| e.0)
-                        .map_or(0, |i| depths[i].1)
-                };
-                Decision {
-                    worker: spill_target(snap, depth, rng),
-                    reason: Reason::Spill,
-                }
-            }
-        }
-    }
-
     /// Writes `decision` into the approximate indexes of `key.model` at `now_ms` (the
     /// [`Router::now_ms`] time base): the request's text or ids are now held by
-    /// `decision.worker` (cache_aware only; the other policies keep no index). Call it once
-    /// per request, when it is committed to its worker; each tree keeps itself within its
-    /// budget at every insert. A request with neither text nor ids records nothing.
+    /// `decision.worker` (policies that read overlaps only, [`PolicyKind::records`]). Call it
+    /// once per request, when it is committed to its worker; each tree keeps itself within
+    /// its budget at every insert. A request with neither text nor ids records nothing.
     pub fn record(&self, key: &RouteKey, decision: &Decision, now_ms: u64) {
-        if self.kind != PolicyKind::CacheAware {
+        if !self.kind.records() {
             return;
         }
         let ids = key.input_ids.as_deref().filter(|v| !v.is_empty());
@@ -653,9 +770,9 @@ impl Router {
 #[cfg(test)]
 mod tests;
 
-/// Test helper: one request the way the gateway runs it when every worker is eligible —
-/// [`Router::decide`] on a snapshot of `loads` (seq from a per-thread counter, so round_robin
-/// takes turns), then [`Router::record`].
+/// Test helper: one request the way the gateway runs it when every worker is eligible and
+/// loads are request counts only — [`Router::decide`] on a snapshot of `loads` (seq from a
+/// per-thread counter, so round_robin takes turns), then [`Router::record`].
 #[cfg(test)]
 impl Router {
     pub(crate) fn decide_all(&self, key: &RouteKey, loads: &[usize]) -> Decision {
@@ -665,10 +782,11 @@ impl Router {
             s.set(v + 1);
             v
         });
+        let workers = WorkerLoad::of_requests(loads);
         let eligible: Vec<usize> = (0..loads.len()).collect();
         let now = self.now_ms();
         let snap = Snapshot {
-            loads,
+            workers: &workers,
             eligible: &eligible,
             seq,
             now_ms: now,

@@ -2,6 +2,7 @@ use super::*;
 use crate::route_key::{Endpoint, route_key};
 use kvroute_index::MAX_MATCH_TENANTS;
 use proptest::prelude::*;
+use rand::SeedableRng;
 
 fn router(kind: PolicyKind) -> Router {
     Router::new(&Config {
@@ -109,26 +110,54 @@ fn a_shared_short_system_prompt_is_a_miss() {
     assert_eq!((d.worker, d.reason), (1, Reason::CacheMiss));
 }
 
-/// B1 (smg-project/smg PR #1714) and B4 (smg-project/smg PR #2146): 64 misses over 4 idle
-/// workers spread 16 ± 3 for every policy; each decision's load goes up before the next one.
+/// B1 (smg-project/smg PR #1714) and B4 (smg-project/smg PR #2146): 64 concurrent misses
+/// over 4 idle workers, each dispatched the way the gateway does it (snapshot of the
+/// registry, decide, book on the chosen worker, hold the guard): every policy sees the load
+/// it reads and spreads them. Load-aware policies put 16 ± 3 on each; `random`, the load-blind
+/// `pure_affinity` (misses are ties, broken at random) and the hash
+/// policies are within their bounds (random: 6–26, 2.9 standard deviations; bounded load:
+/// ⌈1.25 · 64 / 4⌉ = 20 at most).
 #[test]
 fn b1_b4_sixty_four_misses_spread_for_every_policy() {
+    use crate::workers::Workers;
     for kind in PolicyKind::ALL {
         let r = router(kind);
-        let mut loads = vec![0usize; 4];
-        for i in 0..64 {
+        let urls: Vec<String> = (0..4).map(|i| format!("http://w{i}:80")).collect();
+        let workers = Workers::new(&urls).unwrap();
+        let mut guards = Vec::new();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for i in 0..64u64 {
             // Distinct from the first char on: every request is a miss.
             let prompt = format!(
                 "{:016x} unique prompt",
-                (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
             );
-            let d = r.decide_all(&text_key(&prompt), &loads);
-            loads[d.worker] += 1;
+            let key = text_key(&prompt);
+            let view = workers.snapshot("m", &[], 0);
+            let snap = Snapshot {
+                workers: &view.workers,
+                eligible: &view.eligible,
+                seq: i,
+                now_ms: 0,
+            };
+            let d = r.decide(&snap, &key, &mut rng);
+            let booking = r.booking(&snap, &key, &d);
+            guards.push(workers.get(d.worker).unwrap().acquire_booked(booking, 0.0));
+            r.record(&key, &d, 0);
         }
+        let loads = workers.loads();
+        let (lo, hi) = match kind {
+            PolicyKind::Random | PolicyKind::PureAffinity => (6, 26),
+            PolicyKind::PrefixHash => (0, 20),
+            _ => (13, 19),
+        };
         assert!(
-            loads.iter().all(|&n| (13..=19).contains(&n)),
+            loads.iter().all(|&n| (lo..=hi).contains(&n)),
             "{kind}: {loads:?}"
         );
+        assert_eq!(loads.iter().sum::<usize>(), 64);
+        drop(guards);
+        assert_eq!(workers.loads(), vec![0; 4], "{kind}");
     }
 }
 
@@ -474,9 +503,10 @@ fn cache_partitions_never_match_each_other() {
     assert_eq!(r.decide_all(&tok(2), &[0, 1]).reason, Reason::CacheMiss);
 }
 
-fn snap<'a>(loads: &'a [usize], eligible: &'a [usize], seq: u64) -> Snapshot<'a> {
+/// A snapshot of request counts `loads` (leaked: a test's few bytes).
+fn snap<'a>(loads: &[usize], eligible: &'a [usize], seq: u64) -> Snapshot<'a> {
     Snapshot {
-        loads,
+        workers: Vec::leak(WorkerLoad::of_requests(loads)),
         eligible,
         seq,
         now_ms: 0,
@@ -569,4 +599,250 @@ fn b5_unhealthy_workers_stay_out_of_the_balance_statistics() {
     let d = r.decide(&snap(&loads, &[0, 1], 0), &key, &mut rand::rng());
     assert_eq!(d.worker, 0, "{d:?}");
     assert!(matches!(d.reason, Reason::CacheHit { .. }));
+}
+
+// ---- The cost policies' worked examples (anchors.md §7) ---------------------------------
+
+fn loads_with(decode_blocks: &[u64], prefill_tokens: &[u64]) -> Vec<WorkerLoad> {
+    decode_blocks
+        .iter()
+        .zip(prefill_tokens)
+        .map(|(&d, &p)| {
+            let mut w = WorkerLoad::default();
+            w.active.decode_blocks = d;
+            w.active.prefill_tokens = p;
+            w
+        })
+        .collect()
+}
+
+fn request_of(key: &RouteKey, tokens: u64) -> Request<'_> {
+    Request {
+        key,
+        ids: None,
+        block_keys: Vec::new(),
+        prompt_tokens: tokens,
+        chars: 0,
+        block_size: 16,
+    }
+}
+
+fn event_overlaps(blocks: &[usize], request_tokens: usize) -> prefix::Overlaps {
+    let found: Vec<(TenantId, usize)> = blocks
+        .iter()
+        .enumerate()
+        .map(|(w, &b)| (w as TenantId, b * 16))
+        .collect();
+    prefix::Overlaps::from_index(
+        prefix::Source::Events,
+        prefix::Unit::Tokens,
+        &found,
+        blocks.len(),
+        request_tokens,
+        1.0,
+    )
+}
+
+fn costs_of(p: &KvParams, workers: &[WorkerLoad], tokens: u64, blocks: &[usize]) -> Vec<f64> {
+    let eligible: Vec<usize> = (0..workers.len()).collect();
+    let snap = Snapshot {
+        workers,
+        eligible: &eligible,
+        seq: 0,
+        now_ms: 0,
+    };
+    let key = RouteKey::default();
+    kv_aware::costs(
+        p,
+        &snap,
+        &request_of(&key, tokens),
+        &event_overlaps(blocks, tokens as usize),
+    )
+    .into_iter()
+    .map(|c| c.1)
+    .collect()
+}
+
+/// E1 (Infera / seed doc's `--kv-overlap-weight`, the simple form): 10-block prompt; W0 holds
+/// 8 with 6 active blocks, W1 holds none with 1 → costs 8 and 11, W0 wins; weight 0 → load
+/// only: 6 and 1, W1 wins.
+#[test]
+fn e1_the_simple_form_of_the_cost() {
+    let workers = loads_with(&[6, 1], &[0, 0]);
+    let weight = |w: f64| {
+        KvParams::of(&crate::config::PolicyKnobs {
+            kv_overlap_weight: Some(w),
+            ..Default::default()
+        })
+    };
+    assert_eq!(
+        costs_of(&weight(1.0), &workers, 160, &[8, 0]),
+        vec![8.0, 11.0]
+    );
+    assert_eq!(
+        costs_of(&weight(0.0), &workers, 160, &[8, 0]),
+        vec![6.0, 1.0]
+    );
+}
+
+/// E2 (Dynamo, 3 workers): raw prefill 10 blocks each, overlaps 2 / 5 / 8, decode blocks
+/// 10 / 5 / 9 → costs 18 / 10 / 11; the second worker wins.
+#[test]
+fn e2_dynamo_cost_of_three_workers() {
+    let workers = loads_with(&[10, 5, 9], &[0, 0, 0]);
+    let c = costs_of(&KvParams::dynamo(), &workers, 160, &[2, 5, 8]);
+    assert_eq!(c, vec![18.0, 10.0, 11.0]);
+    let eligible = [0, 1, 2];
+    let snap = Snapshot {
+        workers: &workers,
+        eligible: &eligible,
+        seq: 0,
+        now_ms: 0,
+    };
+    let key = RouteKey::default();
+    let d = kv_aware::decide(
+        &KvParams::dynamo(),
+        &snap,
+        &request_of(&key, 160),
+        &event_overlaps(&[2, 5, 8], 160),
+        &mut rand::rng(),
+    );
+    assert_eq!(d.worker, 1);
+    assert_eq!(d.reason.as_str(), "cost_hit");
+}
+
+/// E3 (Dynamo's decay): 8-block request, both workers match 6, booked prefill 0 and 8
+/// blocks. Decay 0: costs 2 and 10. Decay 1: the loaded worker's credit is 6 / 2 = 3 → cost
+/// 13; the least loaded stays 2. Deprecated-weight rule (anchors.md §3.2): weight 2.5 over
+/// credit 0.5 and scale 3.0 → credit 0.5, scale 2.5.
+#[test]
+fn e3_dynamo_decay_and_the_deprecated_weight() {
+    let workers = loads_with(&[0, 0], &[0, 128]);
+    assert_eq!(
+        costs_of(&KvParams::dynamo(), &workers, 128, &[6, 6]),
+        vec![2.0, 10.0]
+    );
+    let decayed = KvParams {
+        credit_decay: 1.0,
+        ..KvParams::dynamo()
+    };
+    assert_eq!(costs_of(&decayed, &workers, 128, &[6, 6]), vec![2.0, 13.0]);
+    let k = crate::config::PolicyKnobs {
+        kv_overlap_weight: Some(2.5),
+        overlap_score_credit: 0.5,
+        prefill_load_scale: 3.0,
+        ..Default::default()
+    };
+    assert_eq!(k.kv_credit_and_scale(), (0.5, 2.5));
+}
+
+/// E9 (SMG's expected wait): A 4,000 queued tokens at KV 0.5 → 2.15 s; B 1,000 queued + 500
+/// since the poll at KV 0.9 → 2.10 s: B wins; with 1,200 since the poll B loses (2.45 s).
+#[test]
+fn e9_expected_wait_with_since_poll_credit() {
+    let report = |tokens, usage| crate::load::EngineReport {
+        waiting_tokens: Some(tokens),
+        kv_usage: Some(usage),
+        ..Default::default()
+    };
+    let mut workers = vec![WorkerLoad::default(); 2];
+    workers[0].active.engine = Some(report(4_000, 0.5));
+    workers[1].active.engine = Some(report(1_000, 0.9));
+    workers[1].active.since_poll_tokens = 500;
+    let eligible = [0, 1];
+    let snap = |w: &[WorkerLoad]| -> (f64, f64) {
+        let s = Snapshot {
+            workers: w,
+            eligible: &eligible,
+            seq: 0,
+            now_ms: 0,
+        };
+        (expected_wait_s(&s, 0, false), expected_wait_s(&s, 1, false))
+    };
+    let (a, b) = snap(&workers);
+    assert!(
+        (a - 2.15).abs() < 1e-9 && (b - 2.10).abs() < 1e-9,
+        "{a} {b}"
+    );
+    workers[1].active.since_poll_tokens = 1_200;
+    let (a, b) = snap(&workers);
+    assert!((b - 2.45).abs() < 1e-9 && a < b);
+    let s = Snapshot {
+        workers: &workers,
+        eligible: &eligible,
+        seq: 0,
+        now_ms: 0,
+    };
+    assert_eq!(s.least_wait(&mut rand::rng()), 0);
+}
+
+/// A cold index degenerates to the least-loaded eligible worker for every index-reading
+/// policy — never to "always worker 0" (bug-cases.md B1): over 4 workers with worker 0
+/// loaded, a miss never goes to it; with equal loads the choice spreads.
+#[test]
+fn a_cold_index_is_the_least_loaded_never_worker_zero() {
+    for kind in [
+        PolicyKind::CacheAware,
+        PolicyKind::SmgCacheAware,
+        PolicyKind::KvAware,
+        PolicyKind::DynamoKv,
+        PolicyKind::PredictedTtft,
+    ] {
+        let r = router(kind);
+        let mut workers = WorkerLoad::of_requests(&[5, 1, 1, 1]);
+        workers[0].active.decode_blocks = 100;
+        workers[0].active.prefill_tokens = 4_000;
+        workers[0].active.prefill_wait_ms = 500.0;
+        let eligible = [0, 1, 2, 3];
+        let mut seen = [0usize; 4];
+        for i in 0..200u64 {
+            let snap = Snapshot {
+                workers: &workers,
+                eligible: &eligible,
+                seq: i,
+                now_ms: 0,
+            };
+            let key = text_key(&format!("{i:08} a cold prompt"));
+            seen[r.decide(&snap, &key, &mut rand::rng()).worker] += 1;
+        }
+        assert_eq!(seen[0], 0, "{kind}: {seen:?}");
+        assert!(seen[1..].iter().all(|&n| n > 30), "{kind}: {seen:?}");
+    }
+}
+
+proptest! {
+    /// No policy ever picks an ineligible worker, and `decide` records nothing, over random
+    /// snapshots (loads, bookings, engine reports, eligible subsets) and prompts held by
+    /// random workers (the holders often ineligible).
+    #[test]
+    fn no_policy_picks_an_ineligible_worker(
+        loads in prop::collection::vec((0usize..20, 0u64..5_000, 0u64..200, prop::option::of(0.0f64..1.0)), 2..7),
+        mask in 1u32..127,
+        holder in 0usize..7,
+        seq in 0u64..100,
+    ) {
+        let n = loads.len();
+        let eligible: Vec<usize> = (0..n).filter(|w| mask & (1 << w) != 0).collect();
+        prop_assume!(!eligible.is_empty());
+        let workers: Vec<WorkerLoad> = loads.iter().map(|&(r, p, d, u)| {
+            let mut w = WorkerLoad { requests: r, in_flight: r, ..WorkerLoad::default() };
+            w.active.prefill_tokens = p;
+            w.active.prefill_wait_ms = p as f64 / 10.0;
+            w.active.decode_blocks = d;
+            w.active.engine = u.map(|u| crate::load::EngineReport { kv_usage: Some(u), capacity_blocks: Some(1_000), ..Default::default() });
+            w
+        }).collect();
+        let key = RouteKey { input_ids: Some((0..200).collect()), session: Some(format!("s{seq}")), ..text_key(&"held prompt ".repeat(20)) };
+        for kind in PolicyKind::ALL {
+            let r = router(kind);
+            r.record(&key, &Decision { worker: holder % n, reason: Reason::CacheMiss }, 0);
+            r.flush();
+            let before = r.index_sizes();
+            let snap = Snapshot { workers: &workers, eligible: &eligible, seq, now_ms: 0 };
+            let d = r.decide(&snap, &key, &mut rand::rng());
+            prop_assert!(eligible.contains(&d.worker), "{} chose {:?} of {:?}", kind, d, eligible);
+            r.flush();
+            prop_assert_eq!(r.index_sizes(), before, "{} wrote in decide", kind);
+        }
+    }
 }

@@ -1,0 +1,383 @@
+//! [`ActiveLoad`]: what one worker is doing, as this router booked it. The load side of every
+//! policy (anchors.md §3.3, Dynamo's active-sequence tracking; §2.5, SMG's since-poll
+//! credit).
+//!
+//! Lifecycle of one request on its worker, each step exactly once:
+//! 1. **book** ([`ActiveLoad::book`], at dispatch, before the request is sent: bug-cases.md
+//!    B1): its new prefill tokens (prompt − predicted cached) and predicted prefill time are
+//!    charged to the worker, its prompt blocks join the worker's active blocks (refcounted by
+//!    block key, so a prefix shared by concurrent requests counts once), its prompt tokens
+//!    join the since-poll credit, and the worker's prefill clock moves on by its predicted
+//!    prefill time;
+//! 2. **first token** ([`ActiveLoad::first_token`]: the first SSE data event, or the first
+//!    body byte of a non-streaming response): its prefill charge ends, and the prefill clock
+//!    is re-anchored at the observed time plus the predicted prefill of what is still booked;
+//! 3. **free** ([`ActiveLoad::free`], when its load guard drops: body end, failure, client
+//!    gone): its blocks leave; a request freed before its first token (a failure) takes its
+//!    prefill charge with it. If it waited behind no other prefill, its observed TTFT
+//!    teaches the worker's [`PrefillModel`].
+//!
+//! Invariants (checked by [`ActiveLoad::check`] in tests):
+//! 1. `prefill_tokens`, `prefill_ms` and `prefill_requests` are the sums over booked requests
+//!    that have not had their first token;
+//! 2. `blocks[k]` is the number of live requests whose prompt has block key `k`, and no key
+//!    maps to 0.
+
+use super::EngineReport;
+use super::timing::{PrefillModel, STEP_TOKENS};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// What a dispatch books on its worker (made by the router from its decision,
+/// `kvroute_core::policy::Router::booking`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Booking {
+    /// Prompt length, tokens (text requests: chars scaled to tokens).
+    pub prompt_tokens: u64,
+    /// Prompt tokens the router expects the worker to serve from its cache.
+    pub cached_tokens: u64,
+    /// Predicted own prefill time on the worker, ms ([`PrefillModel::prefill_ms`] of the new
+    /// tokens).
+    pub prefill_ms: f64,
+    /// Block keys of the prompt's full blocks (router keys,
+    /// [`kvroute_index::keys::block_keys`]); empty when the request has no token ids.
+    pub block_keys: Vec<u64>,
+    /// Prompt blocks without keys (text requests), counted without sharing.
+    pub unkeyed_blocks: u64,
+}
+
+impl Booking {
+    /// New prefill tokens: prompt − cached, at least 1 (an engine always computes the last
+    /// prompt token, vLLM's rule).
+    pub fn new_tokens(&self) -> u64 {
+        self.prompt_tokens
+            .saturating_sub(self.cached_tokens)
+            .max(u64::from(self.prompt_tokens > 0))
+    }
+}
+
+/// A worker's active load at one instant, as a policy reads it
+/// ([`kvroute_core::policy::Snapshot`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ActiveView {
+    /// Booked requests that have not had their first token.
+    pub prefill_requests: usize,
+    /// Their new prefill tokens, summed (Dynamo's active prefill tokens, with its
+    /// `router_assume_kv_reuse`).
+    pub prefill_tokens: u64,
+    /// Predicted ms until the worker has prefilled everything booked on it: the prefill
+    /// clock minus now, ≥ 0.
+    pub prefill_wait_ms: f64,
+    /// Unique prompt blocks of live requests (Dynamo's active decode blocks).
+    pub decode_blocks: u64,
+    /// Prompt tokens dispatched since the last engine report (SMG's since-poll credit).
+    pub since_poll_tokens: u64,
+    /// The last engine report, if the last poll gave one.
+    pub engine: Option<EngineReport>,
+    /// The worker's learned prefill curve.
+    pub prefill: PrefillModel,
+    /// Step token budget assumed for the worker, tokens.
+    pub step_tokens: usize,
+}
+
+#[derive(Debug)]
+struct Booked {
+    keys: Vec<u64>,
+    unkeyed: u64,
+    new_tokens: u64,
+    prefill_ms: f64,
+    dispatched_ms: f64,
+    /// No other prefill was booked on the worker at dispatch, nor queued on the engine.
+    alone: bool,
+    decoding: bool,
+    in_prefill: bool,
+    ttft_ms: Option<f64>,
+    /// New tokens the engine reported (prompt − cached from `usage`), if it did.
+    served_new_tokens: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Active {
+    next_id: u64,
+    requests: HashMap<u64, Booked>,
+    blocks: HashMap<u64, u32>,
+    unkeyed_blocks: u64,
+    prefill_requests: usize,
+    prefill_tokens: u64,
+    prefill_ms: f64,
+    clock_ms: f64,
+    since_poll_tokens: u64,
+    engine: Option<EngineReport>,
+    model: PrefillModel,
+}
+
+/// One worker's active load (module doc). `Send + Sync`; every method takes one short lock.
+#[derive(Debug)]
+pub struct ActiveLoad {
+    inner: Mutex<Active>,
+}
+
+impl Default for ActiveLoad {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Active {
+                next_id: 0,
+                requests: HashMap::new(),
+                blocks: HashMap::new(),
+                unkeyed_blocks: 0,
+                prefill_requests: 0,
+                prefill_tokens: 0,
+                prefill_ms: 0.0,
+                clock_ms: 0.0,
+                since_poll_tokens: 0,
+                engine: None,
+                model: PrefillModel::default(),
+            }),
+        }
+    }
+}
+
+impl ActiveLoad {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Active> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Books a request dispatched at `now_ms` (step 1 of the module doc); `decoding`: the
+    /// worker has requests past their first token. Returns the booking's id for
+    /// [`ActiveLoad::first_token`] and [`ActiveLoad::free`].
+    pub fn book(&self, b: Booking, now_ms: f64, decoding: bool) -> u64 {
+        let mut a = self.lock();
+        let id = a.next_id;
+        a.next_id += 1;
+        let queued = a.engine.is_some_and(|e| e.waiting > 0);
+        let alone = a.prefill_requests == 0 && !queued;
+        for &k in &b.block_keys {
+            *a.blocks.entry(k).or_insert(0) += 1;
+        }
+        a.unkeyed_blocks += b.unkeyed_blocks;
+        let new_tokens = b.new_tokens();
+        a.prefill_requests += 1;
+        a.prefill_tokens += new_tokens;
+        a.prefill_ms += b.prefill_ms;
+        a.clock_ms = a.clock_ms.max(now_ms) + b.prefill_ms;
+        a.since_poll_tokens += b.prompt_tokens;
+        a.requests.insert(
+            id,
+            Booked {
+                keys: b.block_keys,
+                unkeyed: b.unkeyed_blocks,
+                new_tokens,
+                prefill_ms: b.prefill_ms,
+                dispatched_ms: now_ms,
+                alone,
+                decoding,
+                in_prefill: true,
+                ttft_ms: None,
+                served_new_tokens: None,
+            },
+        );
+        id
+    }
+
+    /// Step 2: booking `id`'s first token came at `now_ms`. A second call, or an unknown id,
+    /// does nothing.
+    pub fn first_token(&self, id: u64, now_ms: f64) {
+        let mut a = self.lock();
+        let Some(r) = a.requests.get_mut(&id) else {
+            return;
+        };
+        if !r.in_prefill {
+            return;
+        }
+        r.in_prefill = false;
+        r.ttft_ms = Some((now_ms - r.dispatched_ms).max(0.0));
+        let (tokens, ms) = (r.new_tokens, r.prefill_ms);
+        a.end_prefill(tokens, ms);
+        a.clock_ms = now_ms + a.prefill_ms;
+    }
+
+    /// What the engine said it served booking `id` from its cache: `prompt_tokens` and
+    /// `cached_tokens` of the response's `usage` (the learning sample then uses the true new
+    /// tokens, not the router's prediction).
+    pub fn served(&self, id: u64, prompt_tokens: u64, cached_tokens: u64) {
+        if let Some(r) = self.lock().requests.get_mut(&id) {
+            r.served_new_tokens = Some(prompt_tokens.saturating_sub(cached_tokens).max(1));
+        }
+    }
+
+    /// Step 3: booking `id` ended. An unknown id does nothing.
+    pub fn free(&self, id: u64) {
+        let mut a = self.lock();
+        let Some(r) = a.requests.remove(&id) else {
+            return;
+        };
+        for k in &r.keys {
+            if let Some(n) = a.blocks.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    a.blocks.remove(k);
+                }
+            }
+        }
+        a.unkeyed_blocks -= r.unkeyed;
+        if r.in_prefill {
+            a.end_prefill(r.new_tokens, r.prefill_ms);
+            a.clock_ms -= r.prefill_ms;
+        }
+        if let (true, Some(ttft)) = (r.alone, r.ttft_ms) {
+            let tokens = r.served_new_tokens.unwrap_or(r.new_tokens);
+            a.model.observe(tokens, STEP_TOKENS, r.decoding, ttft);
+        }
+    }
+
+    /// Records an engine report (or its absence: `None`); the since-poll credit restarts.
+    pub fn report(&self, engine: Option<EngineReport>) {
+        let mut a = self.lock();
+        a.engine = engine;
+        a.since_poll_tokens = 0;
+    }
+
+    /// The view a policy reads at `now_ms`.
+    pub fn view(&self, now_ms: f64) -> ActiveView {
+        let a = self.lock();
+        ActiveView {
+            prefill_requests: a.prefill_requests,
+            prefill_tokens: a.prefill_tokens,
+            prefill_wait_ms: if a.prefill_requests == 0 {
+                0.0
+            } else {
+                (a.clock_ms - now_ms).max(0.0)
+            },
+            decode_blocks: a.blocks.len() as u64 + a.unkeyed_blocks,
+            since_poll_tokens: a.since_poll_tokens,
+            engine: a.engine,
+            prefill: a.model,
+            step_tokens: STEP_TOKENS,
+        }
+    }
+
+    /// Checks the invariants of the module doc.
+    ///
+    /// # Errors
+    /// The number of the first broken invariant.
+    pub fn check(&self) -> Result<(), u8> {
+        let a = self.lock();
+        let open = a.requests.values().filter(|r| r.in_prefill);
+        let (n, tokens, ms) = open.fold((0, 0, 0.0), |(n, t, m), r| {
+            (n + 1, t + r.new_tokens, m + r.prefill_ms)
+        });
+        if n != a.prefill_requests || tokens != a.prefill_tokens || (ms - a.prefill_ms).abs() > 1e-6
+        {
+            return Err(1);
+        }
+        let mut want: HashMap<u64, u32> = HashMap::new();
+        for k in a.requests.values().flat_map(|r| &r.keys) {
+            *want.entry(*k).or_insert(0) += 1;
+        }
+        if want != a.blocks {
+            return Err(2);
+        }
+        Ok(())
+    }
+}
+
+impl Active {
+    fn end_prefill(&mut self, tokens: u64, ms: f64) {
+        self.prefill_requests -= 1;
+        self.prefill_tokens -= tokens;
+        self.prefill_ms = (self.prefill_ms - ms).max(0.0);
+        if self.prefill_requests == 0 {
+            self.prefill_ms = 0.0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn booking(prompt: u64, cached: u64, ms: f64, keys: &[u64]) -> Booking {
+        Booking {
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            prefill_ms: ms,
+            block_keys: keys.to_vec(),
+            unkeyed_blocks: 0,
+        }
+    }
+
+    /// Worked example: two requests sharing blocks 1 and 2 count them once; the prefill
+    /// clock runs on by each dispatch and is re-anchored at the first token.
+    #[test]
+    fn a_shared_prefix_counts_once_and_the_clock_reanchors() {
+        let a = ActiveLoad::default();
+        let r1 = a.book(booking(48, 0, 100.0, &[1, 2, 3]), 1_000.0, false);
+        let r2 = a.book(booking(48, 32, 40.0, &[1, 2, 4]), 1_010.0, false);
+        let v = a.view(1_010.0);
+        assert_eq!(v.decode_blocks, 4);
+        assert_eq!((v.prefill_requests, v.prefill_tokens), (2, 48 + 16));
+        // Clock: 1,000 + 100 + 40 = 1,140 → 130 ms to go at 1,010.
+        assert!((v.prefill_wait_ms - 130.0).abs() < 1e-9);
+        assert_eq!(v.since_poll_tokens, 96);
+        // r1's first token comes late, at 1,150: the clock is now 1,150 + r2's 40.
+        a.first_token(r1, 1_150.0);
+        let v = a.view(1_150.0);
+        assert!((v.prefill_wait_ms - 40.0).abs() < 1e-9);
+        assert_eq!((v.prefill_requests, v.prefill_tokens), (1, 16));
+        a.first_token(r1, 1_160.0); // twice: nothing
+        a.free(r1);
+        assert_eq!(a.view(1_150.0).decode_blocks, 3);
+        a.free(r2); // freed before its first token: its charge leaves with it
+        let v = a.view(1_200.0);
+        assert_eq!(
+            (v.prefill_requests, v.prefill_tokens, v.decode_blocks),
+            (0, 0, 0)
+        );
+        assert_eq!(v.prefill_wait_ms, 0.0);
+        a.check().unwrap();
+        a.report(None);
+        assert_eq!(a.view(0.0).since_poll_tokens, 0);
+    }
+
+    /// Only a request that waited behind nothing teaches the curve, with the engine's served
+    /// count when it gave one.
+    #[test]
+    fn alone_requests_teach_the_curve() {
+        let a = ActiveLoad::default();
+        let first = a.book(booking(8_192, 0, 169.0, &[]), 0.0, false);
+        let second = a.book(booking(8_192, 0, 169.0, &[]), 0.0, false); // behind `first`
+        a.first_token(first, 85.0);
+        a.first_token(second, 170.0);
+        a.free(second);
+        assert_eq!(a.view(0.0).prefill.samples(), 0);
+        a.served(first, 8_192, 0);
+        a.free(first);
+        assert_eq!(a.view(0.0).prefill.samples(), 1);
+        assert!(a.view(0.0).prefill.prefill_ms(8_192, STEP_TOKENS, false) < 169.0);
+    }
+
+    proptest! {
+        /// Any order of books, first tokens and frees keeps the invariants; at the end
+        /// nothing is left.
+        #[test]
+        fn invariants_hold(ops in prop::collection::vec((0u8..3, 0usize..8, 0u64..6), 1..60)) {
+            let a = ActiveLoad::default();
+            let mut ids: Vec<u64> = Vec::new();
+            let mut t = 0.0;
+            for (op, pick, key) in ops {
+                t += 1.0;
+                match op {
+                    0 => ids.push(a.book(booking(64, key * 8, 10.0, &[key, key + 1]), t, false)),
+                    1 if !ids.is_empty() => a.first_token(ids[pick % ids.len()], t),
+                    _ if !ids.is_empty() => { a.free(ids.swap_remove(pick % ids.len())); }
+                    _ => {}
+                }
+                prop_assert_eq!(a.check(), Ok(()));
+            }
+            for id in ids { a.free(id); }
+            let v = a.view(t);
+            prop_assert_eq!((v.prefill_requests, v.prefill_tokens, v.decode_blocks), (0, 0, 0));
+        }
+    }
+}

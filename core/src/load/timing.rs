@@ -1,0 +1,219 @@
+//! [`PrefillModel`]: how long a worker takes to prefill `T` new prompt tokens, learned online
+//! from the time to first token of the requests it served.
+//!
+//! # The curve
+//! An engine prefills in steps of at most `B` new tokens (vLLM's `max_num_batched_tokens`,
+//! chunked prefill), and a step that also decodes the running requests takes longer. The
+//! Dynamo mocker's step time (engine-model.md §4) is `c·t² + b·t + a` for `t` new tokens in the
+//! step, plus the decode term when requests decode. So a request's own prefill of `T` tokens,
+//! split into `n = ⌈T/B⌉` chunks `t₁ … tₙ`, takes
+//!
+//! ```text
+//! prefill_ms(T) = a·n + b·T + c·Σ tᵢ² + d·n·[the worker decodes]
+//! ```
+//!
+//! which is linear in `θ = (a, b, c, d)` over the features `x = (n, T, Σ tᵢ², n·decoding)`.
+//!
+//! # Learning
+//! Recursive least squares with exponential forgetting (factor [`FORGETTING`]) over samples
+//! `(x, observed TTFT)` taken from requests that waited behind no other prefill on their
+//! worker (the router's own bookkeeping said so at dispatch): their TTFT is their own prefill.
+//! Memory is bounded (a 4-vector and a 4×4 matrix per worker), there is nothing to
+//! configure, and each worker learns its own curve, so heterogeneous GPUs get their own. The
+//! prior is the mocker's curve ([`PRIOR`]) with a standard deviation equal to each
+//! coefficient, so a few dozen samples override it. Features are scaled (tokens in
+//! thousands) to keep the matrix well conditioned.
+//!
+//! The step token budget is [`STEP_TOKENS`] for every worker (a worker's own is not known to
+//! the router); a worker with another budget is learned on these features all the same.
+//!
+//! Source of the estimator: the textbook RLS update (Haykin, *Adaptive Filter Theory*, §10),
+//! `k = P·x / (λ + xᵀ·P·x)`, `θ += k·(y − xᵀ·θ)`, `P = (P − k·xᵀ·P) / λ`, with `P` scaled
+//! down whenever its trace exceeds the prior's, so directions no sample excites do not wind
+//! up.
+
+/// Coefficients of the prior curve, in the scaled features' units: `a` ms per step, `b` ms
+/// per 1,000 tokens, `c` ms per (1,000 tokens)², `d` ms per decoding step. Source: the
+/// Dynamo mocker's polynomial (engine-model.md §4: `4.209989e-07·T² + 1.518344e-02·T +
+/// 16.50142`), and its decode step at a quarter of the KV cache in use (17.63 ms, same
+/// table) less the 5.74 ms it takes with nothing cached, rounded: 12 ms.
+pub const PRIOR: [f64; 4] = [16.50142, 15.18344, 0.4209989, 12.0];
+
+/// Forgetting factor of the least-squares fit: a sample's weight halves after
+/// `ln 2 / −ln 0.99 ≈ 69` newer samples, so a worker whose speed changes (another model, a
+/// throttled GPU) is re-learned within a few hundred requests. Dimensionless, in (0, 1].
+pub const FORGETTING: f64 = 0.99;
+
+/// Step token budget assumed when the worker's is unknown, tokens. Source: vLLM's default
+/// `max_num_batched_tokens` with chunked prefill (8,192 for the Dynamo mocker,
+/// engine-model.md §1).
+pub const STEP_TOKENS: usize = 8_192;
+
+/// A worker's prefill curve, learned online (module doc).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillModel {
+    theta: [f64; 4],
+    p: [[f64; 4]; 4],
+    samples: u64,
+}
+
+impl Default for PrefillModel {
+    fn default() -> Self {
+        Self::new(PRIOR)
+    }
+}
+
+/// The features `(n, T/1000, Σtᵢ²/10⁶, n·decoding)` of `tokens` new tokens in chunks of
+/// `step` (≥ 1).
+fn features(tokens: u64, step: usize, decoding: bool) -> [f64; 4] {
+    let step = step.max(1) as u64;
+    let n = tokens.div_ceil(step);
+    let (full, rest) = (tokens / step, tokens % step);
+    let sq = full as f64 * (step as f64).powi(2) + (rest as f64).powi(2);
+    let n = n as f64;
+    [
+        n,
+        tokens as f64 / 1e3,
+        sq / 1e6,
+        if decoding { n } else { 0.0 },
+    ]
+}
+
+impl PrefillModel {
+    /// A model starting from `prior` (scaled units, as [`PRIOR`]), prior variance
+    /// `max(θᵢ², 1)` on the diagonal.
+    pub fn new(prior: [f64; 4]) -> Self {
+        let mut p = [[0.0; 4]; 4];
+        for (i, row) in p.iter_mut().enumerate() {
+            row[i] = prior[i].powi(2).max(1.0);
+        }
+        Self {
+            theta: prior,
+            p,
+            samples: 0,
+        }
+    }
+
+    /// Predicted ms to prefill `tokens` new tokens in chunks of `step` tokens, with or
+    /// without running requests decoding in the same steps. 0 for 0 tokens; never negative.
+    pub fn prefill_ms(&self, tokens: u64, step: usize, decoding: bool) -> f64 {
+        if tokens == 0 {
+            return 0.0;
+        }
+        let x = features(tokens, step, decoding);
+        x.iter()
+            .zip(&self.theta)
+            .map(|(x, t)| x * t)
+            .sum::<f64>()
+            .max(0.0)
+    }
+
+    /// Learns from one request that waited behind no other prefill: it had `tokens` new
+    /// tokens (prompt − cached), chunks of `step`, decoding or not, and its first token came
+    /// `ttft_ms` after dispatch. Non-finite or negative times are ignored.
+    pub fn observe(&mut self, tokens: u64, step: usize, decoding: bool, ttft_ms: f64) {
+        if tokens == 0 || !ttft_ms.is_finite() || ttft_ms < 0.0 {
+            return;
+        }
+        let x = features(tokens, step, decoding);
+        let px: [f64; 4] = std::array::from_fn(|i| (0..4).map(|j| self.p[i][j] * x[j]).sum());
+        let denom = FORGETTING + (0..4).map(|i| x[i] * px[i]).sum::<f64>();
+        if !(denom.is_finite() && denom > 0.0) {
+            return;
+        }
+        let k: [f64; 4] = std::array::from_fn(|i| px[i] / denom);
+        let err = ttft_ms - (0..4).map(|i| x[i] * self.theta[i]).sum::<f64>();
+        for i in 0..4 {
+            self.theta[i] += k[i] * err;
+        }
+        // P = (P − k·(P·x)ᵀ) / λ (P is symmetric, so xᵀ·P = (P·x)ᵀ).
+        for i in 0..4 {
+            for j in 0..4 {
+                self.p[i][j] = (self.p[i][j] - k[i] * px[j]) / FORGETTING;
+            }
+        }
+        // Wind-up guard: directions no sample excites grow by 1/λ per sample; past the prior's
+        // trace, shrink the whole matrix (keeps it positive definite).
+        let trace: f64 = (0..4).map(|i| self.p[i][i]).sum();
+        let cap: f64 = (0..4).map(|i| PRIOR[i].powi(2).max(1.0)).sum();
+        if trace > cap {
+            let f = cap / trace;
+            self.p.iter_mut().flatten().for_each(|v| *v *= f);
+        }
+        self.samples += 1;
+    }
+
+    /// The coefficients `(a, b, c, d)` in the scaled units of [`PRIOR`].
+    pub fn coefficients(&self) -> [f64; 4] {
+        self.theta
+    }
+
+    /// Samples learned from.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The prior is the mocker's curve: engine-model.md §4's table (one chunk, no decode).
+    #[test]
+    fn the_prior_is_the_mockers_curve() {
+        let m = PrefillModel::default();
+        for (t, ms) in [(1, 16.52), (512, 24.39), (1_024, 32.49), (8_192, 169.14)] {
+            assert!(
+                (m.prefill_ms(t, STEP_TOKENS, false) - ms).abs() < 0.01,
+                "{t}"
+            );
+        }
+        // 16,384 tokens are two chunks of 8,192: twice 169.14, not the one-step 378.28.
+        assert!((m.prefill_ms(16_384, STEP_TOKENS, false) - 2.0 * 169.14).abs() < 0.02);
+        assert_eq!(m.prefill_ms(0, STEP_TOKENS, true), 0.0);
+        // Decoding adds d per step.
+        assert!(
+            (m.prefill_ms(100, STEP_TOKENS, true) - m.prefill_ms(100, STEP_TOKENS, false) - 12.0)
+                .abs()
+                < 1e-9
+        );
+    }
+
+    /// An engine twice as fast, decoding in half the samples: within 200 samples of mixed
+    /// sizes the learned curve is within 2 % of the true one at every size.
+    #[test]
+    fn learns_a_faster_engine() {
+        let truth = |t: u64, dec: bool| {
+            PrefillModel::new(PRIOR.map(|c| c / 2.0)).prefill_ms(t, STEP_TOKENS, dec)
+        };
+        let mut m = PrefillModel::default();
+        let mut s = 7u64;
+        for i in 0..200 {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let t = 1 + (s >> 33) % 30_000;
+            m.observe(t, STEP_TOKENS, i % 2 == 0, truth(t, i % 2 == 0));
+        }
+        for t in [64, 1_000, 4_096, 8_192, 20_000] {
+            for dec in [false, true] {
+                let (got, want) = (m.prefill_ms(t, STEP_TOKENS, dec), truth(t, dec));
+                assert!(
+                    (got - want).abs() / want < 0.02,
+                    "{t} {dec}: {got} against {want}"
+                );
+            }
+        }
+        assert_eq!(m.samples(), 200);
+    }
+
+    /// Garbage is ignored: the model is unchanged.
+    #[test]
+    fn bad_samples_are_ignored() {
+        let mut m = PrefillModel::default();
+        m.observe(100, STEP_TOKENS, false, f64::NAN);
+        m.observe(100, STEP_TOKENS, false, -1.0);
+        m.observe(0, STEP_TOKENS, false, 10.0);
+        assert_eq!(m, PrefillModel::default());
+    }
+}
