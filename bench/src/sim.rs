@@ -78,6 +78,50 @@ pub struct Run {
 /// Name of the run of `kvroute serve`'s default policy on KV events.
 pub const DEFAULT_RUN: &str = "default";
 
+/// Name that expands to every policy ([`expand_runs`]).
+pub const ALL_RUNS: &str = "all";
+
+/// The comparison `kvroute demo` and `kvroute simulate` run by default: the anchors'
+/// algorithms (`round_robin`, `least_load`, `smg_cache_aware`, `dynamo_kv`) against
+/// kvroute's default policy on text and on events ([`DEFAULT_RUN`]).
+pub fn comparison_runs() -> Vec<String> {
+    let default = kvroute_core::config::defaults::POLICY.as_str();
+    [
+        "round_robin",
+        "least_load",
+        "smg_cache_aware",
+        "dynamo_kv",
+        default,
+        DEFAULT_RUN,
+    ]
+    .map(String::from)
+    .into()
+}
+
+/// `names` with [`ALL_RUNS`] replaced by every policy and preset, each on its natural index:
+/// the cache-blind policies and `prefix_hash` / `consistent_hash` as they are, `cache_aware`
+/// on text and on events, the other index readers on events.
+pub fn expand_runs(names: &[String]) -> Vec<String> {
+    names
+        .iter()
+        .flat_map(|n| {
+            if n != ALL_RUNS {
+                return vec![n.clone()];
+            }
+            PolicyKind::ALL
+                .iter()
+                .flat_map(|p| match p {
+                    PolicyKind::CacheAware => vec![p.to_string(), EVENTS_RUN.to_string()],
+                    PolicyKind::KvAware | PolicyKind::PureAffinity | PolicyKind::PredictedTtft => {
+                        vec![format!("{p}_events")]
+                    }
+                    _ => vec![p.to_string()],
+                })
+                .collect()
+        })
+        .collect()
+}
+
 impl std::str::FromStr for Run {
     type Err = kvroute_core::CoreError;
 
@@ -182,6 +226,21 @@ pub struct SimReport {
     pub index_drift: Option<IndexDrift>,
     /// Blocks the engines evicted, summed.
     pub evicted_blocks: u64,
+    /// Each engine's prefill curve as the first router replica learned it by the end:
+    /// predicted ms of one request's prefill of 1,024 / 8,192 / 32,768 new tokens (idle
+    /// worker, no decode) and the samples learned from ([`kvroute_core::load::timing`]).
+    pub learned: Vec<LearnedCurve>,
+}
+
+/// One engine's learned prefill curve at the end of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LearnedCurve {
+    /// Predicted ms for 1,024 / 8,192 / 32,768 new tokens.
+    pub ms: [f64; 3],
+    /// Coefficients (a, b, c, d) in [`kvroute_core::load::timing::PRIOR`]'s units.
+    pub coefficients: [f64; 4],
+    /// Samples learned from.
+    pub samples: u64,
 }
 
 /// The event index against the engines' cached blocks, summed over engines, blocks.
@@ -292,6 +351,7 @@ pub fn simulate(
         hit_tokens: HitTokens::default(),
         index_drift: None,
         evicted_blocks: 0,
+        learned: Vec::new(),
     };
     // (due, worker, seq, msgpack batch): FIFO is time order (constant delay).
     let mut events: VecDeque<(f64, usize, u64, Vec<u8>)> = VecDeque::new();
@@ -484,6 +544,20 @@ pub fn simulate(
         report.index_drift = Some(drift(&index, &slots));
     }
     report.evicted_blocks = slots.iter().map(|s| s.core.stats().evicted_blocks).sum();
+    report.learned = replicas[0]
+        .1
+        .iter()
+        .iter()
+        .map(|w| {
+            let m = w.load_view(last_ms).active.prefill;
+            let step = kvroute_core::load::timing::STEP_TOKENS;
+            LearnedCurve {
+                ms: [1_024, 8_192, 32_768].map(|t| m.prefill_ms(t, step, 0.0)),
+                coefficients: m.coefficients(),
+                samples: m.samples(),
+            }
+        })
+        .collect();
     Ok(report)
 }
 

@@ -18,6 +18,9 @@ pub enum CoreError {
         /// The accepted range, e.g. `"in [0, 1]"`.
         expected: &'static str,
     },
+    /// A `--knob` argument is not `NAME=VALUE`.
+    #[error("config: --knob expects NAME=VALUE, got {0:?}")]
+    BadKnob(String),
     /// No worker configured.
     #[error("config: at least one worker is required (--worker URL or `workers = [..]`)")]
     NoWorkers,
@@ -93,6 +96,7 @@ impl CoreError {
             | CoreError::BadWorkerUrl { .. }
             | CoreError::DuplicateWorker { .. }
             | CoreError::UnknownPolicy(_)
+            | CoreError::BadKnob(_)
             | CoreError::AdminKeyRequired { .. } => "config",
             CoreError::BodyNotJson { .. } => "not_json",
             CoreError::BodyNotObject => "not_object",

@@ -9,7 +9,7 @@ use kvroute_bench::engine::{self, EngineConfig};
 use kvroute_bench::replay::{self, ReplayConfig, ReplayReport};
 use kvroute_bench::sim::{Routing, Run};
 use kvroute_bench::trace::{self, PromptBuilder, WordIds};
-use kvroute_core::config::{Config, PolicyKind};
+use kvroute_core::config::Config;
 use kvroute_core::metrics::HitTokens;
 use kvroute_io::gateway;
 use kvroute_tokenize::Tokenizer;
@@ -42,10 +42,12 @@ pub struct DemoArgs {
     /// fraction 0–1: the same run on `kvroute simulate`).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Policies to compare, in order (comma-separated); `cache_aware_events` is cache_aware
-    /// routing on the engines' KV events (token mode, engines publish, router subscribes);
-    /// `cache_aware_tokens` is cache_aware on the token tree (token mode, no events).
-    #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL.iter().map(|p| p.to_string()).chain([EVENTS_RUN.to_string()]).collect::<Vec<_>>())]
+    /// Policies to compare, in order (comma-separated): policy names, suffixed `_events`
+    /// (token mode on the engines' KV events: engines publish, router subscribes) or `_tokens`
+    /// (token mode on the token tree); `default` is kvroute's default policy on events; `all`
+    /// every policy. Default: the anchors' algorithms against kvroute's default, on text and
+    /// on events.
+    #[arg(long, value_delimiter = ',', default_values_t = kvroute_bench::sim::comparison_runs())]
     pub policies: Vec<String>,
     /// Gateway shards per replica [default: the cores this process may use].
     #[arg(long)]
@@ -121,8 +123,7 @@ pub fn run_engine_forever(cfg: EngineConfig, tokenizer: Tokenizer) -> anyhow::Re
 /// Engines or the gateway cannot start, the trace cannot be read.
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let runs = args
-        .policies
+    let runs = kvroute_bench::sim::expand_runs(&args.policies)
         .iter()
         .map(|name| {
             let run: Run = name

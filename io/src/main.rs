@@ -86,9 +86,16 @@ struct ServeArgs {
     /// Worker base URL, http://HOST:PORT (repeatable).
     #[arg(long = "worker")]
     workers: Vec<String>,
-    /// Routing policy: round_robin, least_request or cache_aware.
+    /// Routing policy: round_robin, random, least_request, power_of_two, least_load,
+    /// cache_aware, kv_aware, prefix_hash, consistent_hash, pure_affinity, predicted_ttft, or
+    /// a preset: smg_cache_aware, dynamo_kv.
     #[arg(long)]
     policy: Option<String>,
+    /// A policy knob, NAME=VALUE (repeatable; names as the `[knobs]` keys of the config
+    /// file: overlap_decay, selection_temperature, overlap_score_credit, prefill_load_scale,
+    /// kv_overlap_weight, prefix_hash_tokens, hash_load_factor, ttft_prefill_weight, ...).
+    #[arg(long = "knob", value_name = "NAME=VALUE")]
+    knobs: Vec<String>,
     /// cache_aware: match ratio (matched chars / request chars) above which the prefix
     /// holders are the candidates.
     #[arg(long)]
@@ -268,6 +275,9 @@ impl ServeArgs {
         if let Some(v) = self.policy {
             cfg.policy = v.parse().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
         }
+        cfg.knobs
+            .set_all(&self.knobs)
+            .map_err(|e| anyhow::anyhow!("--knob: {e}"))?;
         if let Some(v) = self.cache_threshold {
             cfg.cache_threshold = v;
         }

@@ -8,7 +8,6 @@ use kvroute_bench::replay;
 use kvroute_bench::sim::{self, Run, SimReport};
 use kvroute_bench::trace::{self, PromptBuilder, WordIds};
 use kvroute_bench::workload::{self, WorkloadParams};
-use kvroute_core::config::PolicyKind;
 use kvroute_tokenize::Tokenizer;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -19,8 +18,9 @@ pub struct SimulateArgs {
     /// Workload and fleet (as `kvroute demo`).
     #[command(flatten)]
     pub fleet: FleetArgs,
-    /// Policies to compare, in order (comma-separated; names as `kvroute demo --policies`).
-    #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL.iter().map(|p| p.to_string()).chain([sim::TOKENS_RUN.to_string(), sim::EVENTS_RUN.to_string()]).collect::<Vec<_>>())]
+    /// Policies to compare, in order (comma-separated; names as `kvroute demo --policies`,
+    /// `all` for every policy and preset).
+    #[arg(long, value_delimiter = ',', default_values_t = sim::comparison_runs())]
     pub policies: Vec<String>,
     /// Repetitions: run k (from 0) uses tie-break seed `seed + k` and, for the built-in
     /// workload, workload seed `workload_seed + k` (a trace file stays the same).
@@ -44,6 +44,10 @@ pub struct SimulateArgs {
     /// Spill gate, absolute part, requests (as `kvroute serve --balance-abs-threshold`).
     #[arg(long, default_value_t = kvroute_core::config::defaults::BALANCE_ABS_THRESHOLD)]
     pub balance_abs_threshold: usize,
+    /// A policy knob, NAME=VALUE (repeatable; names as the `[knobs]` keys of the config file,
+    /// e.g. `ttft_prefill_weight=2`).
+    #[arg(long = "knob", value_name = "NAME=VALUE")]
+    pub knobs: Vec<String>,
     /// Write every run's reports as JSON to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -56,8 +60,7 @@ pub struct SimulateArgs {
 /// Unknown policy, unreadable trace, invalid engine config, a stalled engine.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let runs: Vec<(String, Run)> = args
-        .policies
+    let runs: Vec<(String, Run)> = sim::expand_runs(&args.policies)
         .iter()
         .map(|n| {
             Ok((
@@ -97,6 +100,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             cfg.router.cache_threshold = args.cache_threshold;
             cfg.router.balance_rel_threshold = args.balance_rel_threshold;
             cfg.router.balance_abs_threshold = args.balance_abs_threshold;
+            cfg.router.knobs.set_all(&args.knobs)?;
             cfg.seed = args.seed.wrapping_add(k as u64);
             cfg.event_delay_ms = args.event_delay_ms;
             let rep = sim::simulate(&records, &prompts, &cfg)
@@ -161,6 +165,22 @@ fn print_one(reports: &[(String, SimReport)]) {
             ));
         }
         println!("{line}");
+        if r.learned.iter().any(|c| c.samples > 0) {
+            let curves: Vec<String> = r
+                .learned
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{:.0}/{:.0}/{:.0} ({})",
+                        c.ms[0], c.ms[1], c.ms[2], c.samples
+                    )
+                })
+                .collect();
+            println!(
+                "  learned prefill ms at 1k/8k/32k new tokens (samples), by engine: {}",
+                curves.join(", ")
+            );
+        }
     }
 }
 

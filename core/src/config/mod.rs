@@ -320,6 +320,44 @@ impl PolicyKnobs {
         .map(|(n, v, _, r)| (n, v, r))
     }
 
+    /// Sets the knob named `name` (a field name, `-` accepted for `_`) to `value`, a TOML value
+    /// (`0.5`, `2`), checked as [`Config::validate`] checks it: the `--knob NAME=VALUE` flag
+    /// of `serve`, `demo` and `simulate`.
+    ///
+    /// # Errors
+    /// [`CoreError::ConfigSyntax`] for an unknown name or a value of the wrong type,
+    /// [`CoreError::ConfigValue`] for a value out of range.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), CoreError> {
+        let name = name.trim().replace('-', "_");
+        let mut table = toml::Table::try_from(&*self).expect("knobs serialize to a table");
+        let v: toml::Table = toml::from_str(&format!("v = {value}"))?;
+        table.insert(name, v["v"].clone());
+        let next: PolicyKnobs = table.try_into()?;
+        if let Some((field, value, expected)) = next.invalid() {
+            return Err(CoreError::ConfigValue {
+                field,
+                value,
+                expected,
+            });
+        }
+        *self = next;
+        Ok(())
+    }
+
+    /// Applies `NAME=VALUE` pairs in order ([`PolicyKnobs::set`]).
+    ///
+    /// # Errors
+    /// As [`PolicyKnobs::set`]; a pair without `=` is [`CoreError::BadKnob`].
+    pub fn set_all(&mut self, pairs: &[String]) -> Result<(), CoreError> {
+        for p in pairs {
+            let (k, v) = p
+                .split_once('=')
+                .ok_or_else(|| CoreError::BadKnob(p.clone()))?;
+            self.set(k, v)?;
+        }
+        Ok(())
+    }
+
     /// Dynamo's deprecation rule for `kv_overlap_weight` (anchors.md §3.2): `(credit,
     /// prefill_load_scale)` in effect.
     pub fn kv_credit_and_scale(&self) -> (f64, f64) {
@@ -1037,6 +1075,45 @@ mod tests {
         .validate()
         .unwrap();
         assert_eq!(parse_worker_spec(&cfg.workers[0]).unwrap().dp, 2);
+    }
+
+    /// `--knob NAME=VALUE`: names as TOML keys (`-` for `_`), TOML values, the same range
+    /// checks as the config file; a `[knobs]` table in TOML sets the same fields.
+    #[test]
+    fn knobs_are_set_by_name_and_checked() {
+        let mut k = PolicyKnobs::default();
+        k.set_all(&[
+            "ttft-prefill-weight=3".into(),
+            "kv_overlap_weight=0.5".into(),
+        ])
+        .unwrap();
+        assert_eq!(
+            (k.ttft_prefill_weight, k.kv_overlap_weight),
+            (3.0, Some(0.5))
+        );
+        assert!(matches!(
+            k.set("no_such_knob", "1"),
+            Err(CoreError::ConfigSyntax(_))
+        ));
+        assert!(matches!(
+            k.set("overlap_decay", "\"x\""),
+            Err(CoreError::ConfigSyntax(_))
+        ));
+        assert!(matches!(
+            k.set("overlap_score_credit", "1.5"),
+            Err(CoreError::ConfigValue {
+                field: "overlap_score_credit",
+                ..
+            })
+        ));
+        assert!(matches!(
+            k.set_all(&["overlap_decay".into()]),
+            Err(CoreError::BadKnob(_))
+        ));
+        assert_eq!(k.ttft_prefill_weight, 3.0, "a refused knob changes nothing");
+        let cfg = Config::from_toml_str("[knobs]\noverlap_decay = 0.25\n").unwrap();
+        assert_eq!(cfg.knobs.overlap_decay, 0.25);
+        assert!(Config::from_toml_str("[knobs]\noverlap_dekay = 0.25\n").is_err());
     }
 
     #[test]

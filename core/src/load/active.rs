@@ -56,6 +56,23 @@ impl Booking {
     }
 }
 
+/// Decode load assumed for a worker with requests past their first token and no KV usage
+/// report, 0–1: a quarter of its memory. kvroute's choice (the mocker's decode step at 0.25 is
+/// 17.6 ms against 34 at 1.0, engine-model.md §4).
+pub const DECODE_LOAD_UNREPORTED: f64 = 0.25;
+
+/// A worker's decode load, 0–1, for the prefill curve ([`PrefillModel`]): 0 when none of its
+/// `in_flight` requests is past its first token; else its engine's reported KV usage, or
+/// [`DECODE_LOAD_UNREPORTED`] without one.
+pub fn decode_load(in_flight: usize, v: &ActiveView) -> f64 {
+    if in_flight <= v.prefill_requests && v.engine.is_none_or(|e| e.running == 0) {
+        return 0.0;
+    }
+    v.engine
+        .and_then(|e| e.kv_usage)
+        .unwrap_or(DECODE_LOAD_UNREPORTED)
+}
+
 /// A worker's active load at one instant, as a policy reads it
 /// ([`kvroute_core::policy::Snapshot`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -66,7 +83,10 @@ pub struct ActiveView {
     /// `router_assume_kv_reuse`).
     pub prefill_tokens: u64,
     /// Predicted ms until the worker has prefilled everything booked on it: the prefill
-    /// clock minus now, ≥ 0.
+    /// clock minus now while the clock is ahead; once it has fallen behind (first tokens
+    /// overdue: the engine queues for another reason, e.g. its running set is full), the age
+    /// of the oldest booked request still without its first token — a queue whose head has
+    /// waited that long makes a newcomer wait at least as long (FCFS). 0 with nothing booked.
     pub prefill_wait_ms: f64,
     /// Unique prompt blocks of live requests (Dynamo's active decode blocks).
     pub decode_blocks: u64,
@@ -89,7 +109,8 @@ struct Booked {
     dispatched_ms: f64,
     /// No other prefill was booked on the worker at dispatch, nor queued on the engine.
     alone: bool,
-    decoding: bool,
+    /// Decode load at dispatch, 0–1.
+    decode_load: f64,
     in_prefill: bool,
     ttft_ms: Option<f64>,
     /// New tokens the engine reported (prompt − cached from `usage`), if it did.
@@ -142,10 +163,10 @@ impl ActiveLoad {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Books a request dispatched at `now_ms` (step 1 of the module doc); `decoding`: the
-    /// worker has requests past their first token. Returns the booking's id for
+    /// Books a request dispatched at `now_ms` (step 1 of the module doc); `decode_load`: the
+    /// worker's [`decode_load`] then. Returns the booking's id for
     /// [`ActiveLoad::first_token`] and [`ActiveLoad::free`].
-    pub fn book(&self, b: Booking, now_ms: f64, decoding: bool) -> u64 {
+    pub fn book(&self, b: Booking, now_ms: f64, decode_load: f64) -> u64 {
         let mut a = self.lock();
         let id = a.next_id;
         a.next_id += 1;
@@ -170,7 +191,7 @@ impl ActiveLoad {
                 prefill_ms: b.prefill_ms,
                 dispatched_ms: now_ms,
                 alone,
-                decoding,
+                decode_load,
                 in_prefill: true,
                 ttft_ms: None,
                 served_new_tokens: None,
@@ -226,7 +247,7 @@ impl ActiveLoad {
         }
         if let (true, Some(ttft)) = (r.alone, r.ttft_ms) {
             let tokens = r.served_new_tokens.unwrap_or(r.new_tokens);
-            a.model.observe(tokens, STEP_TOKENS, r.decoding, ttft);
+            a.model.observe(tokens, STEP_TOKENS, r.decode_load, ttft);
         }
     }
 
@@ -243,11 +264,7 @@ impl ActiveLoad {
         ActiveView {
             prefill_requests: a.prefill_requests,
             prefill_tokens: a.prefill_tokens,
-            prefill_wait_ms: if a.prefill_requests == 0 {
-                0.0
-            } else {
-                (a.clock_ms - now_ms).max(0.0)
-            },
+            prefill_wait_ms: a.wait_ms(now_ms),
             decode_blocks: a.blocks.len() as u64 + a.unkeyed_blocks,
             since_poll_tokens: a.since_poll_tokens,
             engine: a.engine,
@@ -282,6 +299,23 @@ impl ActiveLoad {
 }
 
 impl Active {
+    /// [`ActiveView::prefill_wait_ms`].
+    fn wait_ms(&self, now_ms: f64) -> f64 {
+        if self.prefill_requests == 0 {
+            return 0.0;
+        }
+        if self.clock_ms >= now_ms {
+            return self.clock_ms - now_ms;
+        }
+        let oldest = self
+            .requests
+            .values()
+            .filter(|r| r.in_prefill)
+            .map(|r| r.dispatched_ms)
+            .fold(f64::INFINITY, f64::min);
+        (now_ms - oldest).max(0.0)
+    }
+
     fn end_prefill(&mut self, tokens: u64, ms: f64) {
         self.prefill_requests -= 1;
         self.prefill_tokens -= tokens;
@@ -312,8 +346,8 @@ mod tests {
     #[test]
     fn a_shared_prefix_counts_once_and_the_clock_reanchors() {
         let a = ActiveLoad::default();
-        let r1 = a.book(booking(48, 0, 100.0, &[1, 2, 3]), 1_000.0, false);
-        let r2 = a.book(booking(48, 32, 40.0, &[1, 2, 4]), 1_010.0, false);
+        let r1 = a.book(booking(48, 0, 100.0, &[1, 2, 3]), 1_000.0, 0.0);
+        let r2 = a.book(booking(48, 32, 40.0, &[1, 2, 4]), 1_010.0, 0.0);
         let v = a.view(1_010.0);
         assert_eq!(v.decode_blocks, 4);
         assert_eq!((v.prefill_requests, v.prefill_tokens), (2, 48 + 16));
@@ -335,6 +369,12 @@ mod tests {
             (0, 0, 0)
         );
         assert_eq!(v.prefill_wait_ms, 0.0);
+        // Overdue: booked at 2,000 for 50 ms, no first token by 2,300 → the head has waited
+        // 300 ms, the estimate.
+        let r3 = a.book(booking(16, 0, 50.0, &[]), 2_000.0, 0.0);
+        assert!((a.view(2_020.0).prefill_wait_ms - 30.0).abs() < 1e-9);
+        assert!((a.view(2_300.0).prefill_wait_ms - 300.0).abs() < 1e-9);
+        a.free(r3);
         a.check().unwrap();
         a.report(None);
         assert_eq!(a.view(0.0).since_poll_tokens, 0);
@@ -345,8 +385,8 @@ mod tests {
     #[test]
     fn alone_requests_teach_the_curve() {
         let a = ActiveLoad::default();
-        let first = a.book(booking(8_192, 0, 169.0, &[]), 0.0, false);
-        let second = a.book(booking(8_192, 0, 169.0, &[]), 0.0, false); // behind `first`
+        let first = a.book(booking(8_192, 0, 169.0, &[]), 0.0, 0.0);
+        let second = a.book(booking(8_192, 0, 169.0, &[]), 0.0, 0.0); // behind `first`
         a.first_token(first, 85.0);
         a.first_token(second, 170.0);
         a.free(second);
@@ -354,7 +394,7 @@ mod tests {
         a.served(first, 8_192, 0);
         a.free(first);
         assert_eq!(a.view(0.0).prefill.samples(), 1);
-        assert!(a.view(0.0).prefill.prefill_ms(8_192, STEP_TOKENS, false) < 169.0);
+        assert!(a.view(0.0).prefill.prefill_ms(8_192, STEP_TOKENS, 0.0) < 169.0);
     }
 
     proptest! {
@@ -368,7 +408,7 @@ mod tests {
             for (op, pick, key) in ops {
                 t += 1.0;
                 match op {
-                    0 => ids.push(a.book(booking(64, key * 8, 10.0, &[key, key + 1]), t, false)),
+                    0 => ids.push(a.book(booking(64, key * 8, 10.0, &[key, key + 1]), t, 0.0)),
                     1 if !ids.is_empty() => a.first_token(ids[pick % ids.len()], t),
                     _ if !ids.is_empty() => { a.free(ids.swap_remove(pick % ids.len())); }
                     _ => {}

@@ -9,17 +9,21 @@
 //! split into `n = ⌈T/B⌉` chunks `t₁ … tₙ`, takes
 //!
 //! ```text
-//! prefill_ms(T) = a·n + b·T + c·Σ tᵢ² + d·n·[the worker decodes]
+//! prefill_ms(T) = a·n + b·T + c·Σ tᵢ² + d·n·u
 //! ```
 //!
-//! which is linear in `θ = (a, b, c, d)` over the features `x = (n, T, Σ tᵢ², n·decoding)`.
+//! with `u` ∈ [0, 1] the worker's decode load (the share of its KV memory held by running
+//! requests: [`crate::load::active::decode_load`]), linear in `θ = (a, b, c, d)` over the
+//! features `x = (n, T, Σ tᵢ², n·u)`.
 //!
 //! # Learning
 //! Recursive least squares with exponential forgetting (factor [`FORGETTING`]) over samples
 //! `(x, observed TTFT)` taken from requests that waited behind no other prefill on their
 //! worker (the router's own bookkeeping said so at dispatch): their TTFT is their own prefill.
 //! Memory is bounded (a 4-vector and a 4×4 matrix per worker), there is nothing to
-//! configure, and each worker learns its own curve, so heterogeneous GPUs get their own. The
+//! configure, and each worker learns its own curve, so heterogeneous GPUs get their own. Each
+//! coefficient is kept within [`BOUND`]× of its prior either way (projected least squares),
+//! so a run of odd samples cannot drive a prediction to 0 and make a worker look free. The
 //! prior is the mocker's curve ([`PRIOR`]) with a standard deviation equal to each
 //! coefficient, so a few dozen samples override it. Features are scaled (tokens in
 //! thousands) to keep the matrix well conditioned.
@@ -33,11 +37,16 @@
 //! up.
 
 /// Coefficients of the prior curve, in the scaled features' units: `a` ms per step, `b` ms
-/// per 1,000 tokens, `c` ms per (1,000 tokens)², `d` ms per decoding step. Source: the
-/// Dynamo mocker's polynomial (engine-model.md §4: `4.209989e-07·T² + 1.518344e-02·T +
-/// 16.50142`), and its decode step at a quarter of the KV cache in use (17.63 ms, same
-/// table) less the 5.74 ms it takes with nothing cached, rounded: 12 ms.
-pub const PRIOR: [f64; 4] = [16.50142, 15.18344, 0.4209989, 12.0];
+/// per 1,000 tokens, `c` ms per (1,000 tokens)², `d` ms per step at full decode load. Source:
+/// the Dynamo mocker's polynomial (engine-model.md §4: `4.209989e-07·T² + 1.518344e-02·T +
+/// 16.50142`), and its decode step at a full KV cache (34.01 ms, same table) less the 5.74
+/// ms it takes with nothing cached: 28.27 ms.
+pub const PRIOR: [f64; 4] = [16.50142, 15.18344, 0.4209989, 28.27];
+
+/// A learned coefficient stays within this factor of its prior, both ways (a GPU 20× faster
+/// or slower than the mocker's H100-class curve is outside what one router fleet mixes).
+/// kvroute's choice.
+pub const BOUND: f64 = 20.0;
 
 /// Forgetting factor of the least-squares fit: a sample's weight halves after
 /// `ln 2 / −ln 0.99 ≈ 69` newer samples, so a worker whose speed changes (another model, a
@@ -63,20 +72,15 @@ impl Default for PrefillModel {
     }
 }
 
-/// The features `(n, T/1000, Σtᵢ²/10⁶, n·decoding)` of `tokens` new tokens in chunks of
-/// `step` (≥ 1).
-fn features(tokens: u64, step: usize, decoding: bool) -> [f64; 4] {
+/// The features `(n, T/1000, Σtᵢ²/10⁶, n·u)` of `tokens` new tokens in chunks of `step` (≥ 1)
+/// at decode load `u` (clamped to 0–1).
+fn features(tokens: u64, step: usize, u: f64) -> [f64; 4] {
     let step = step.max(1) as u64;
     let n = tokens.div_ceil(step);
     let (full, rest) = (tokens / step, tokens % step);
     let sq = full as f64 * (step as f64).powi(2) + (rest as f64).powi(2);
     let n = n as f64;
-    [
-        n,
-        tokens as f64 / 1e3,
-        sq / 1e6,
-        if decoding { n } else { 0.0 },
-    ]
+    [n, tokens as f64 / 1e3, sq / 1e6, n * u.clamp(0.0, 1.0)]
 }
 
 impl PrefillModel {
@@ -94,13 +98,13 @@ impl PrefillModel {
         }
     }
 
-    /// Predicted ms to prefill `tokens` new tokens in chunks of `step` tokens, with or
-    /// without running requests decoding in the same steps. 0 for 0 tokens; never negative.
-    pub fn prefill_ms(&self, tokens: u64, step: usize, decoding: bool) -> f64 {
+    /// Predicted ms to prefill `tokens` new tokens in chunks of `step` tokens at decode load
+    /// `u` (0–1; 0 = nothing decodes in the same steps). 0 for 0 tokens; never negative.
+    pub fn prefill_ms(&self, tokens: u64, step: usize, u: f64) -> f64 {
         if tokens == 0 {
             return 0.0;
         }
-        let x = features(tokens, step, decoding);
+        let x = features(tokens, step, u);
         x.iter()
             .zip(&self.theta)
             .map(|(x, t)| x * t)
@@ -109,13 +113,13 @@ impl PrefillModel {
     }
 
     /// Learns from one request that waited behind no other prefill: it had `tokens` new
-    /// tokens (prompt − cached), chunks of `step`, decoding or not, and its first token came
+    /// tokens (prompt − cached), chunks of `step`, decode load `u`, and its first token came
     /// `ttft_ms` after dispatch. Non-finite or negative times are ignored.
-    pub fn observe(&mut self, tokens: u64, step: usize, decoding: bool, ttft_ms: f64) {
-        if tokens == 0 || !ttft_ms.is_finite() || ttft_ms < 0.0 {
+    pub fn observe(&mut self, tokens: u64, step: usize, u: f64, ttft_ms: f64) {
+        if tokens == 0 || !ttft_ms.is_finite() || ttft_ms < 0.0 || !u.is_finite() {
             return;
         }
-        let x = features(tokens, step, decoding);
+        let x = features(tokens, step, u);
         let px: [f64; 4] = std::array::from_fn(|i| (0..4).map(|j| self.p[i][j] * x[j]).sum());
         let denom = FORGETTING + (0..4).map(|i| x[i] * px[i]).sum::<f64>();
         if !(denom.is_finite() && denom > 0.0) {
@@ -124,7 +128,7 @@ impl PrefillModel {
         let k: [f64; 4] = std::array::from_fn(|i| px[i] / denom);
         let err = ttft_ms - (0..4).map(|i| x[i] * self.theta[i]).sum::<f64>();
         for i in 0..4 {
-            self.theta[i] += k[i] * err;
+            self.theta[i] = (self.theta[i] + k[i] * err).clamp(PRIOR[i] / BOUND, PRIOR[i] * BOUND);
         }
         // P = (P − k·(P·x)ᵀ) / λ (P is symmetric, so xᵀ·P = (P·x)ᵀ).
         for i in 0..4 {
@@ -163,28 +167,22 @@ mod tests {
     fn the_prior_is_the_mockers_curve() {
         let m = PrefillModel::default();
         for (t, ms) in [(1, 16.52), (512, 24.39), (1_024, 32.49), (8_192, 169.14)] {
-            assert!(
-                (m.prefill_ms(t, STEP_TOKENS, false) - ms).abs() < 0.01,
-                "{t}"
-            );
+            assert!((m.prefill_ms(t, STEP_TOKENS, 0.0) - ms).abs() < 0.01, "{t}");
         }
         // 16,384 tokens are two chunks of 8,192: twice 169.14, not the one-step 378.28.
-        assert!((m.prefill_ms(16_384, STEP_TOKENS, false) - 2.0 * 169.14).abs() < 0.02);
-        assert_eq!(m.prefill_ms(0, STEP_TOKENS, true), 0.0);
-        // Decoding adds d per step.
-        assert!(
-            (m.prefill_ms(100, STEP_TOKENS, true) - m.prefill_ms(100, STEP_TOKENS, false) - 12.0)
-                .abs()
-                < 1e-9
-        );
+        assert!((m.prefill_ms(16_384, STEP_TOKENS, 0.0) - 2.0 * 169.14).abs() < 0.02);
+        assert_eq!(m.prefill_ms(0, STEP_TOKENS, 1.0), 0.0);
+        // Decoding at full load adds d per step.
+        let full = m.prefill_ms(100, STEP_TOKENS, 1.0);
+        assert!((full - m.prefill_ms(100, STEP_TOKENS, 0.0) - 28.27).abs() < 1e-9);
     }
 
-    /// An engine twice as fast, decoding in half the samples: within 200 samples of mixed
-    /// sizes the learned curve is within 2 % of the true one at every size.
+    /// An engine twice as fast, at decode loads from 0 to 0.9: within 200 samples of mixed
+    /// sizes the learned curve is within 2 % of the true one at every size and load.
     #[test]
     fn learns_a_faster_engine() {
-        let truth = |t: u64, dec: bool| {
-            PrefillModel::new(PRIOR.map(|c| c / 2.0)).prefill_ms(t, STEP_TOKENS, dec)
+        let truth = |t: u64, u: f64| {
+            PrefillModel::new(PRIOR.map(|c| c / 2.0)).prefill_ms(t, STEP_TOKENS, u)
         };
         let mut m = PrefillModel::default();
         let mut s = 7u64;
@@ -193,14 +191,15 @@ mod tests {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let t = 1 + (s >> 33) % 30_000;
-            m.observe(t, STEP_TOKENS, i % 2 == 0, truth(t, i % 2 == 0));
+            let u = (i % 10) as f64 / 10.0;
+            m.observe(t, STEP_TOKENS, u, truth(t, u));
         }
         for t in [64, 1_000, 4_096, 8_192, 20_000] {
-            for dec in [false, true] {
-                let (got, want) = (m.prefill_ms(t, STEP_TOKENS, dec), truth(t, dec));
+            for u in [0.0, 0.5, 0.9] {
+                let (got, want) = (m.prefill_ms(t, STEP_TOKENS, u), truth(t, u));
                 assert!(
                     (got - want).abs() / want < 0.02,
-                    "{t} {dec}: {got} against {want}"
+                    "{t} {u}: {got} against {want}"
                 );
             }
         }
@@ -211,9 +210,27 @@ mod tests {
     #[test]
     fn bad_samples_are_ignored() {
         let mut m = PrefillModel::default();
-        m.observe(100, STEP_TOKENS, false, f64::NAN);
-        m.observe(100, STEP_TOKENS, false, -1.0);
-        m.observe(0, STEP_TOKENS, false, 10.0);
+        m.observe(100, STEP_TOKENS, 0.0, f64::NAN);
+        m.observe(100, STEP_TOKENS, 0.0, -1.0);
+        m.observe(0, STEP_TOKENS, 0.0, 10.0);
+        m.observe(100, STEP_TOKENS, f64::NAN, 10.0);
         assert_eq!(m, PrefillModel::default());
+    }
+
+    /// Samples that say prefill is free (a TTFT of 0 for 30,000 tokens) cannot make it so: the
+    /// coefficients stop at their bounds and a large prefill still costs at least 1/20 of the
+    /// prior.
+    #[test]
+    fn coefficients_stay_within_their_bounds() {
+        let mut m = PrefillModel::default();
+        for _ in 0..500 {
+            m.observe(30_000, STEP_TOKENS, 0.0, 0.0);
+            m.observe(10, STEP_TOKENS, 1.0, 5_000.0);
+        }
+        let prior = PrefillModel::default().prefill_ms(30_000, STEP_TOKENS, 0.0);
+        assert!(m.prefill_ms(30_000, STEP_TOKENS, 0.0) >= prior / BOUND - 1e-9);
+        for (c, p) in m.coefficients().iter().zip(PRIOR) {
+            assert!((p / BOUND..=p * BOUND).contains(c), "{c} against {p}");
+        }
     }
 }

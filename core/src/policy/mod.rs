@@ -612,9 +612,11 @@ impl Router {
         };
         if let Some(w) = snap.workers.get(decision.worker) {
             let a = &w.active;
-            b.prefill_ms =
-                a.prefill
-                    .prefill_ms(b.new_tokens(), a.step_tokens, predicted_ttft::decoding(w));
+            b.prefill_ms = a.prefill.prefill_ms(
+                b.new_tokens(),
+                a.step_tokens,
+                predicted_ttft::decode_load(w),
+            );
         }
         b
     }

@@ -51,9 +51,9 @@ impl TtftParams {
     }
 }
 
-/// True when worker `w` has requests past their first token (its steps also decode).
-pub fn decoding(w: &WorkerLoad) -> bool {
-    w.in_flight > w.active.prefill_requests || w.active.engine.is_some_and(|e| e.running > 0)
+/// Worker `w`'s decode load, 0–1 ([`crate::load::active::decode_load`]).
+pub fn decode_load(w: &WorkerLoad) -> f64 {
+    crate::load::active::decode_load(w.in_flight, &w.active)
 }
 
 /// The terms of `cost_w` (module doc) for worker `w`: `(wait, own, evict, no_fit)`, ms.
@@ -68,7 +68,7 @@ pub fn terms(
     let a = &wl.active;
     let cached = ov.tokens(w).min(req.prompt_tokens.saturating_sub(1));
     let new = req.prompt_tokens - cached;
-    let own = a.prefill.prefill_ms(new, a.step_tokens, decoding(wl));
+    let own = a.prefill.prefill_ms(new, a.step_tokens, decode_load(wl));
     let bs = req.block_size as u64;
     let new_blocks = new.div_ceil(bs);
     let (mut evict, mut no_fit) = (0.0, 0.0);

@@ -846,3 +846,116 @@ proptest! {
         }
     }
 }
+
+/// `requests` concurrent requests (`prompt(i)`) dispatched over `n` fresh workers as the
+/// gateway does it (snapshot, decide, book, record, hold the guard); each worker's engine
+/// reported 0 running at one poll before them when `polled`. Returns the requests per worker.
+fn dispatch_concurrent(
+    kind: PolicyKind,
+    n: usize,
+    requests: u64,
+    polled: bool,
+    prompt: impl Fn(u64) -> String,
+) -> Vec<usize> {
+    use crate::workers::Workers;
+    let r = router(kind);
+    let urls: Vec<String> = (0..n).map(|i| format!("http://w{i}:80")).collect();
+    let workers = Workers::new(&urls).unwrap();
+    if polled {
+        for w in workers.iter() {
+            w.report_engine(Some(crate::load::EngineReport::requests(0)));
+        }
+    }
+    let mut guards = Vec::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for i in 0..requests {
+        let key = text_key(&prompt(i));
+        let view = workers.snapshot("m", &[], 0);
+        let snap = Snapshot {
+            workers: &view.workers,
+            eligible: &view.eligible,
+            seq: i,
+            now_ms: 0,
+        };
+        let d = r.decide(&snap, &key, &mut rng);
+        let booking = r.booking(&snap, &key, &d);
+        guards.push(workers.get(d.worker).unwrap().acquire_booked(booking, 0.0));
+        r.record(&key, &d, 0);
+    }
+    workers.loads()
+}
+
+/// bug-cases.md B6 (vllm-project/router #177): engines polled idle, then 8 concurrent
+/// requests inside one poll interval over 4 workers: the since-poll credit keeps any worker
+/// from taking more than 3 (power_of_two) — exactly 2 each for least_load.
+#[test]
+fn b6_no_herd_on_the_last_polls_idlest_worker() {
+    let prompt = |i: u64| format!("{i:04} a prompt of some length to book tokens");
+    let p2 = dispatch_concurrent(PolicyKind::PowerOfTwo, 4, 8, true, prompt);
+    assert!(p2.iter().all(|&n| n <= 3), "{p2:?}");
+    let ll = dispatch_concurrent(PolicyKind::LeastLoad, 4, 8, true, prompt);
+    assert_eq!(ll, vec![2, 2, 2, 2]);
+}
+
+/// bug-cases.md B10 (ai-dynamo/dynamo #7836): 256 concurrent single-turn requests over 5
+/// workers: every worker gets at least 10 % under every load-aware policy.
+#[test]
+fn b10_every_worker_gets_work_under_concurrency() {
+    for kind in PolicyKind::ALL {
+        if matches!(kind, PolicyKind::PureAffinity | PolicyKind::Random) {
+            continue; // load-blind by design
+        }
+        let loads = dispatch_concurrent(kind, 5, 256, false, |i| {
+            format!(
+                "{:016x} single turn",
+                (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            )
+        });
+        assert!(loads.iter().all(|&n| n * 10 >= 256), "{kind}: {loads:?}");
+    }
+}
+
+/// bug-cases.md B2 (sgl-project/sglang #14305): unique prompts while the worker holding the
+/// least in the index is the busiest: misses go to the least loaded, never to the smallest
+/// tree.
+#[test]
+fn b2_misses_never_go_to_the_smallest_tree() {
+    for kind in [
+        PolicyKind::CacheAware,
+        PolicyKind::SmgCacheAware,
+        PolicyKind::PredictedTtft,
+        PolicyKind::KvAware,
+    ] {
+        let r = router(kind);
+        for (w, text) in [(1, "one"), (2, "two"), (3, "three")] {
+            let key = text_key(&format!("{text} held prompt ").repeat(8));
+            r.record(
+                &key,
+                &Decision {
+                    worker: w,
+                    reason: Reason::CacheMiss,
+                },
+                0,
+            );
+        }
+        let mut workers = WorkerLoad::of_requests(&[9, 1, 2, 2]);
+        workers[0].active.prefill_wait_ms = 900.0;
+        workers[0].active.prefill_tokens = 9_000;
+        workers[0].active.decode_blocks = 900;
+        let eligible = [0, 1, 2, 3];
+        for i in 0..20u64 {
+            let snap = Snapshot {
+                workers: &workers,
+                eligible: &eligible,
+                seq: i,
+                now_ms: 0,
+            };
+            let d = r.decide(
+                &snap,
+                &text_key(&format!("{i:04} unique")),
+                &mut rand::rng(),
+            );
+            assert_ne!(d.worker, 0, "{kind}: {d:?}");
+        }
+    }
+}
