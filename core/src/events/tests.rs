@@ -126,6 +126,7 @@ fn parent_links_holes_and_orphans() {
         &BlockRemoved {
             block_hashes: vec![11],
             medium: None,
+            ..Default::default()
         },
     );
     assert_eq!(ix.find_matches(&keys)[0].blocks, 1);
@@ -190,6 +191,7 @@ fn b25_b29_offload_tiers() {
         &BlockRemoved {
             block_hashes: vec![1],
             medium: Some("GPU".into()),
+            ..Default::default()
         },
     );
     assert_eq!(ix.find_matches(&keys)[0].blocks, 1);
@@ -200,6 +202,7 @@ fn b25_b29_offload_tiers() {
         &BlockRemoved {
             block_hashes: vec![1],
             medium: Some("CPU".into()),
+            ..Default::default()
         },
     );
     assert!(ix.find_matches(&keys).is_empty());
@@ -225,6 +228,7 @@ fn b25_b29_offload_tiers() {
         &BlockRemoved {
             block_hashes: vec![500],
             medium: None,
+            ..Default::default()
         },
     );
     assert_eq!(ix.stream_keys(other), 16);
@@ -233,6 +237,7 @@ fn b25_b29_offload_tiers() {
         &BlockRemoved {
             block_hashes: vec![500],
             medium: Some("STORAGE".into()),
+            ..Default::default()
         },
     );
     assert_eq!(ix.stream_keys(other), 0);
@@ -282,6 +287,7 @@ fn decoded_store(hashes: &[u64], tokens: &[u32]) -> BlockStored {
         block_size: 16,
         medium: None,
         lora_name: None,
+        ..Default::default()
     }
 }
 
@@ -773,8 +779,8 @@ mod reference {
         1 + (u64::from(s) << 32) + (d as u64) * 100 + i as u64
     }
 
-    /// Per stream: engine hash → (router keys, tier mask).
-    type Model = HashMap<u32, HashMap<u64, (Vec<u64>, u8)>>;
+    /// Per stream: engine hash → (router keys, tier mask, GPU copies).
+    type Model = HashMap<u32, HashMap<u64, (Vec<u64>, u8, u32)>>;
 
     fn apply_model(m: &mut Model, op: &Op) {
         let bit = |cpu: bool| if cpu { 2u8 } else { 1u8 };
@@ -789,7 +795,11 @@ mod reference {
                 for i in from..(from + n).min(BLOCKS) {
                     let e = st
                         .entry(hash(s, d, i))
-                        .or_insert_with(|| (keys[i * k..(i + 1) * k].to_vec(), 0));
+                        .or_insert_with(|| (keys[i * k..(i + 1) * k].to_vec(), 0, 0));
+                    if !cpu {
+                        // A GPU store of a block on GPU is one more copy (rule table).
+                        e.2 += 1;
+                    }
                     e.1 |= bit(cpu);
                 }
             }
@@ -802,6 +812,13 @@ mod reference {
                 let st = m.entry(s).or_default();
                 let h = hash(s, d, i);
                 if let Some(e) = st.get_mut(&h) {
+                    if !cpu && e.2 > 1 {
+                        e.2 -= 1;
+                        return;
+                    }
+                    if !cpu {
+                        e.2 = 0;
+                    }
                     e.1 &= !bit(cpu);
                     if e.1 == 0 {
                         st.remove(&h);
@@ -829,6 +846,7 @@ mod reference {
                         block_size: ebs,
                         medium: medium(cpu),
                         lora_name: None,
+                        ..Default::default()
                     },
                 );
             }
@@ -841,6 +859,7 @@ mod reference {
                     block_size: 0,
                     medium: medium(true),
                     lora_name: None,
+                    ..Default::default()
                 },
             ),
             Op::Remove { s, d, i, cpu } => ix.removed(
@@ -848,6 +867,7 @@ mod reference {
                 &BlockRemoved {
                     block_hashes: vec![hash(s, d, i)],
                     medium: medium(cpu),
+                    ..Default::default()
                 },
             ),
             Op::Clear { s } => ix.clear(StreamId { worker: s, rank: 0 }),
@@ -894,6 +914,9 @@ mod reference {
                             st.iter().filter(|e| e.1.1 & bit != 0).map(|e| *e.0).collect();
                         want.sort_unstable();
                         prop_assert_eq!(got, want, "stream {} tier {:?}", s, tier);
+                    }
+                    for (h, e) in &st {
+                        prop_assert_eq!(ix.copies(stream, *h), e.2, "copies of {} after {:?}", h, op);
                     }
                     prop_assert_eq!(ix.worker_blocks(s), st.len());
                 }

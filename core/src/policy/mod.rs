@@ -323,6 +323,7 @@ impl Router {
     fn decide_on_events(
         &self,
         snap: &Snapshot<'_>,
+        ns: Namespace,
         ids: &[u32],
         gate: &SpillGate,
         rng: &mut impl Rng,
@@ -333,7 +334,7 @@ impl Router {
         }
         let loads = snap.loads;
         let bs = ix.block_size();
-        let keys = kvroute_index::keys::block_keys(ids, bs);
+        let keys = ix.block_keys(ns, ids);
         let mut blocks = vec![0usize; loads.len()];
         for m in ix.find_matches(&keys) {
             if let Some(b) = blocks.get_mut(m.stream.worker as usize) {
@@ -484,7 +485,7 @@ impl Router {
             self.balance_rel_threshold,
             self.balance_abs_threshold,
         );
-        if let Some(d) = ids.and_then(|ids| self.decide_on_events(snap, ids, &gate, rng)) {
+        if let Some(d) = ids.and_then(|ids| self.decide_on_events(snap, ns, ids, &gate, rng)) {
             return d;
         }
         let Some(idx) = self.existing_model(&key.model) else {
