@@ -477,4 +477,4 @@ pub fn split_replay<'a>(frames: &'a [Vec<u8>]) -> Result<ReplayFrames<'a>, Decod
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
