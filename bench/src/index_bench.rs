@@ -214,7 +214,7 @@ fn event_grid_point(tokens: usize, workers: usize, baseline: bool) -> Value {
     let (mut he, mut ht, mut hb) = (hist(), hist(), hist());
     for &c in &query_convs {
         let t = Instant::now();
-        black_box(ix.find_matches(0, black_box(&keys[c])));
+        black_box(ix.find_matches(black_box(&keys[c])));
         he.record(t.elapsed().as_nanos() as u64).ok();
     }
     for &c in &query_convs {
@@ -232,7 +232,7 @@ fn event_grid_point(tokens: usize, workers: usize, baseline: bool) -> Value {
     // Correctness column: the fast answer equals the brute-force one on a sample.
     let correct = !baseline
         || (0..64).all(|c| {
-            let fast = ix.find_matches(0, &keys[c]);
+            let fast = ix.find_matches(&keys[c]);
             let slow = naive.find_matches(&keys[c]);
             (0..workers).all(|w| fast.blocks(w as u32) == slow[w])
         });

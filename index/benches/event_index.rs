@@ -97,7 +97,7 @@ fn bench_find_matches(c: &mut Criterion) {
             let fx = fixture(tokens, workers);
             // Both must give the closed-form answer before their speeds are compared.
             for (q, keys) in fx.keys.iter().enumerate() {
-                let fast = fx.ix.find_matches(0, keys);
+                let fast = fx.ix.find_matches(keys);
                 let slow = fx.naive.as_ref().map(|n| n.find_matches(keys));
                 for w in 0..workers {
                     let want = if w % CONVERSATIONS == q {
@@ -121,7 +121,7 @@ fn bench_find_matches(c: &mut Criterion) {
             group.bench_function(BenchmarkId::new(&id, "event_index"), |b| {
                 b.iter(|| {
                     i = (i + 1) % fx.keys.len();
-                    black_box(fx.ix.find_matches(0, black_box(&fx.keys[i])))
+                    black_box(fx.ix.find_matches(black_box(&fx.keys[i])))
                 })
             });
             if let Some(naive) = &fx.naive {
@@ -133,7 +133,7 @@ fn bench_find_matches(c: &mut Criterion) {
                 });
             }
             group.finish();
-            let event_ns = mean_ns(&fx.keys, 2_000, |q| fx.ix.find_matches(0, q).0.len());
+            let event_ns = mean_ns(&fx.keys, 2_000, |q| fx.ix.find_matches(q).0.len());
             let naive_ns = fx
                 .naive
                 .as_ref()

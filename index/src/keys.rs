@@ -6,8 +6,15 @@
 //! key_0   = local_0
 //! key_i   = XXH3_64(seed = 1337, bytes = u64le(key_{i-1}) ‖ u64le(local_i))
 //! ```
-//! Cache partitions are separated by the indexes' [`crate::Namespace`] argument, not by the
-//! seed, so requests and events always use [`SEED`].
+//! Cache partitions (`anchors.md` §2.7: cache_salt / extra_key / LoRA) start their chain at
+//! a different root ([`root`], `kv-events.md` §7 "derive a different seed per namespace"):
+//! block 0 of namespace `ns ≠ 0` chains from the namespace hash as if it were the key of a
+//! block before it, `key_0 = XXH3_64(seed = 1337, u64le(ns) ‖ u64le(local_0))`, and every
+//! later key chains from that. Keys of different namespaces therefore never collide (short of
+//! a 2^-64 event), a child store that names its parent inherits the parent's namespace
+//! without being told (vLLM sends `cache_salt` only with a sequence's first block), and
+//! namespace 0 keeps the plain chain above (Dynamo's, and the §7 test vectors). The string
+//! and token trees and the hash index keep the namespace as a separate argument instead.
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -62,15 +69,31 @@ pub fn chain(parent: Option<u64>, local: u64) -> u64 {
     }
 }
 
-/// Keys of every full block of `tokens` (`tokens.len() / block_size` keys; a trailing
-/// partial block has none).
+/// Where the chain of namespace `ns` starts: `None` (the plain chain) for the default
+/// namespace 0, else `Some(ns)`: the namespace hash plays the key of a virtual block before
+/// block 0, so `key_0 = chain(root(ns), local_0)` (see the module doc).
+#[inline]
+pub fn root(ns: crate::Namespace) -> Option<u64> {
+    (ns != 0).then_some(ns)
+}
+
+/// Keys of every full block of `tokens` in the default namespace: [`block_keys_in`]`(0, …)`.
 ///
 /// # Panics
 /// If `block_size` is 0.
 pub fn block_keys(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    block_keys_in(0, tokens, block_size)
+}
+
+/// Keys of every full block of `tokens` in namespace `ns` (`tokens.len() / block_size` keys;
+/// a trailing partial block has none), the chain starting at [`root`]`(ns)`.
+///
+/// # Panics
+/// If `block_size` is 0.
+pub fn block_keys_in(ns: crate::Namespace, tokens: &[u32], block_size: usize) -> Vec<u64> {
     assert!(block_size > 0, "block_size must be > 0");
     let mut out = Vec::with_capacity(tokens.len() / block_size);
-    let mut parent = None;
+    let mut parent = root(ns);
     for block in tokens.chunks_exact(block_size) {
         let k = chain(parent, local_hash(block));
         out.push(k);
@@ -106,5 +129,26 @@ mod tests {
         for t in [&t1[..], &t2[..], &long[..], &[]] {
             assert_eq!(local_hash(t), local_hash_portable(t));
         }
+    }
+
+    /// A namespace re-roots the whole chain: block 0 chains from the namespace hash, block 1
+    /// from that key; namespace 0 is the plain chain.
+    #[test]
+    fn namespaces_start_their_own_chain() {
+        let both: Vec<u32> = (1..=32).collect();
+        assert_eq!(block_keys_in(0, &both, 16), block_keys(&both, 16));
+        assert_eq!(root(0), None);
+        assert_eq!(root(7), Some(7));
+        let ns = 0x1234_5678_9abc_def0;
+        let k = block_keys_in(ns, &both, 16);
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&ns.to_le_bytes());
+        b[8..].copy_from_slice(&16863443419780771464u64.to_le_bytes());
+        let k0 = xxh3_64_with_seed(&b, SEED);
+        assert_eq!(k[0], k0);
+        assert_eq!(k[1], chain(Some(k0), 2287610619914608821));
+        let plain = block_keys(&both, 16);
+        assert!(k.iter().all(|x| !plain.contains(x)));
+        assert_ne!(block_keys_in(ns + 1, &both, 16)[0], k[0]);
     }
 }

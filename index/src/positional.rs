@@ -147,17 +147,6 @@ impl Hasher for MixHasher {
 
 pub(crate) type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<MixHasher>>;
 
-/// Table key of block key `key` in namespace `ns`: `key ^ mix(ns)`, `mix(0) = 0`, so the
-/// default namespace stores keys unchanged and the raw key is recoverable.
-#[inline]
-pub(crate) fn ns_mask(ns: Namespace) -> u64 {
-    if ns == 0 {
-        0
-    } else {
-        xxhash_rust::xxh3::xxh3_64(&ns.to_le_bytes()) | 1
-    }
-}
-
 /// State shared by the read handle and every writer.
 struct Shared {
     table: Arc<SharedTable>,
@@ -1006,30 +995,30 @@ impl EventIndex {
     /// Overlap of every worker with `keys` (lock-free; allocates only the answer: scratch
     /// of O(workers) words is reused per thread).
     ///
-    /// `keys`: block keys of one request in namespace `ns`, in order ([`crate::keys`]).
-    /// Returns each worker holding at least `keys[0]` with the number of consecutive leading
+    /// `keys`: block keys of one request, in order, computed in the request's namespace
+    /// ([`crate::keys::block_keys_in`]: a namespace is the root of the key chain, so the keys
+    /// themselves are partitioned). Returns each worker holding at least `keys[0]` with the number of consecutive leading
     /// blocks it holds; a hole truncates the match. Cost, in probes of the one table (each
     /// answering for every worker): O(len/32 + drop points × 5) for workers without holes,
     /// plus O(len) when a worker with holes holds `keys[0]`; then O(workers) to emit.
-    pub fn find_matches(&self, ns: Namespace, keys: &[u64]) -> Overlap {
+    pub fn find_matches(&self, keys: &[u64]) -> Overlap {
         if keys.is_empty() {
             return Overlap::default();
         }
         SCRATCH.with(|s| match s.try_borrow_mut() {
-            Ok(mut s) => self.find_into(ns, keys, &mut s),
-            Err(_) => self.find_into(ns, keys, &mut Scratch::default()),
+            Ok(mut s) => self.find_into(keys, &mut s),
+            Err(_) => self.find_into(keys, &mut Scratch::default()),
         })
     }
 
-    fn find_into(&self, ns: Namespace, keys: &[u64], s: &mut Scratch) -> Overlap {
-        let mask = ns_mask(ns);
+    fn find_into(&self, keys: &[u64], s: &mut Scratch) -> Overlap {
         let table = &self.table;
         let nw = table.words();
         let guard = epoch::pin();
         let t = table.view(&guard);
         // The last block's slot starts loading now, together with the first one's.
         let last = keys.len() - 1;
-        t.prefetch(keys[last] ^ mask);
+        t.prefetch(keys[last]);
         // Scratch: first, active, row, holey, then 2 word-sets per bisection level.
         let levels = (usize::BITS - keys.len().leading_zeros()) as usize + 1;
         let need = nw * (4 + 2 * levels);
@@ -1041,13 +1030,13 @@ impl EventIndex {
         }
         let depth = &mut s.depth[..nw * 64];
         let (first, rest) = s.words[..need].split_at_mut(nw);
-        if !t.get_into(keys[0] ^ mask, first) {
+        if !t.get_into(keys[0], first) {
             return Overlap::default();
         }
         let (active, rest) = rest.split_at_mut(nw);
         let (row, rest) = rest.split_at_mut(nw);
         let (holey, scratch) = rest.split_at_mut(nw);
-        let probe = Probe { t, keys, mask };
+        let probe = Probe { t, keys };
         let mut any_holey = 0;
         for (w, h) in holey.iter_mut().enumerate() {
             *h = self.shared.holey[w].load(Ordering::Acquire) & first[w];
@@ -1115,9 +1104,10 @@ impl EventIndex {
         Overlap(out)
     }
 
-    /// [`Self::find_matches`] on raw token ids: keys of every full block of `tokens`.
+    /// [`Self::find_matches`] on raw token ids: keys of every full block of `tokens` in
+    /// namespace `ns` ([`crate::keys::block_keys_in`]).
     pub fn find_matches_tokens(&self, ns: Namespace, tokens: &[u32]) -> Overlap {
-        self.find_matches(ns, &crate::keys::block_keys(tokens, self.block_size))
+        self.find_matches(&crate::keys::block_keys_in(ns, tokens, self.block_size))
     }
 }
 
@@ -1136,17 +1126,16 @@ thread_local! {
 struct Probe<'a, 'g> {
     t: TableRef<'g>,
     keys: &'a [u64],
-    mask: u64,
 }
 
 impl Probe<'_, '_> {
     #[inline]
     fn get(&self, i: usize, out: &mut [u64]) {
-        self.t.get_into(self.keys[i] ^ self.mask, out);
+        self.t.get_into(self.keys[i], out);
     }
     #[inline]
     fn prefetch(&self, i: usize) {
-        self.t.prefetch(self.keys[i] ^ self.mask);
+        self.t.prefetch(self.keys[i]);
     }
 }
 
@@ -1288,8 +1277,10 @@ impl EventWriter {
 
     /// `BlockStored`: worker `worker` cached the blocks `engine_hashes` (in order; block `i`'s
     /// parent is block `i−1`, block 0's is `parent`, `None` at sequence start) whose tokens
-    /// are `token_ids` (`block_size` per block), in namespace `ns`, at `now_ms`. Keys are
-    /// chained from the parent's key. Blocks already held are only touched (duplicate stores
+    /// are `token_ids` (`block_size` per block), at `now_ms`. Keys are chained from the
+    /// parent's key, which carries the parent's namespace; a store at sequence start
+    /// (`parent` `None`) starts the chain of namespace `ns` ([`crate::keys::root`]), and `ns`
+    /// is ignored otherwise (vLLM names the cache salt only with a sequence's first block). Blocks already held are only touched (duplicate stores
     /// are no-ops); a removed block kept as a ghost comes back with its held children.
     ///
     /// # Errors
@@ -1327,7 +1318,6 @@ impl EventWriter {
         if engine_hashes.is_empty() {
             return Ok(());
         }
-        let mask = ns_mask(ns);
         let now = touch_stamp(now_ms);
         let gbit = self.shard * SHARD_WORKERS + b;
         let side = Arc::clone(&self.table);
@@ -1350,8 +1340,11 @@ impl EventWriter {
         // table slot and index position are prefetched before its store needs them.
         const AHEAD: usize = 8;
         const RING: usize = 16;
-        let mut prev_key = (parent_idx != NONE)
-            .then(|| table.key_at(st.slab[parent_idx as usize].slot, &g) ^ mask);
+        let mut prev_key = if parent_idx != NONE {
+            Some(table.key_at(st.slab[parent_idx as usize].slot, &g))
+        } else {
+            crate::keys::root(ns)
+        };
         let bs = self.block_size;
         let n = engine_hashes.len();
         let mut ring = [0u64; RING];
@@ -1365,9 +1358,9 @@ impl EventWriter {
                     crate::keys::local_hash(&token_ids[computed * bs..][..bs]),
                 );
                 prev_key = Some(key);
-                ring[computed % RING] = key ^ mask;
+                ring[computed % RING] = key;
                 if computed > i {
-                    table.prefetch(key ^ mask, &g);
+                    table.prefetch(key, &g);
                     st.prefetch(engine_hashes[computed]);
                 }
                 computed += 1;
@@ -1820,7 +1813,7 @@ impl EventWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::{block_keys, local_hash};
+    use crate::keys::{block_keys, block_keys_in, local_hash};
     use crate::reference::ReferenceEventIndex;
     use proptest::prelude::*;
 
@@ -1920,6 +1913,26 @@ mod tests {
         assert_eq!(ix.find_matches_tokens(0, &q).blocks(1), 3);
     }
 
+    /// A namespace roots the chain of a sequence-start store; a child store inherits its
+    /// parent's namespace whatever `ns` it passes (vLLM sends the salt with block 0 only).
+    #[test]
+    fn namespaces_root_the_chain_and_children_inherit_it() {
+        let (ix, mut w) = EventIndex::new(&cfg(2));
+        let toks = tokens(3, 0, 4);
+        w[0].apply_stored(0, 9, None, &[1, 2], &toks[..2 * BS], 0)
+            .unwrap();
+        w[0].apply_stored(0, 0, Some(2), &[3, 4], &toks[2 * BS..], 0)
+            .unwrap();
+        w[0].apply_stored(1, 0, None, &[5, 6, 7, 8], &toks, 0)
+            .unwrap();
+        check(&w);
+        let in9 = ix.find_matches_tokens(9, &toks);
+        assert_eq!(in9.0, vec![(0, 4)]);
+        assert_eq!(ix.find_matches(&block_keys_in(9, &toks, BS)), in9);
+        assert_eq!(ix.find_matches_tokens(0, &toks).0, vec![(1, 4)]);
+        assert_eq!(ix.find_matches_tokens(8, &toks), Overlap::default());
+    }
+
     /// A worker holding a block without its parent (a hole) can hold the key of a block
     /// another worker stores as new under a parent only it holds: while any worker is holey,
     /// new blocks take the full probe.
@@ -1986,13 +1999,13 @@ mod tests {
         r.removed(0, &[ehash(1, 5)]);
         check(&w);
         let keys = block_keys(&tokens(1, 0, 40), BS);
-        assert_eq!(ix.find_matches(0, &keys).0, vec![(0, 5), (1, 40)]);
-        assert_eq!(ix.find_matches(0, &keys).0, r.find_matches(&keys));
+        assert_eq!(ix.find_matches(&keys).0, vec![(0, 5), (1, 40)]);
+        assert_eq!(ix.find_matches(&keys).0, r.find_matches(&keys));
         // Re-storing the hole revives the tail.
         w[0].apply_stored(0, 0, Some(ehash(1, 4)), &[ehash(1, 5)], &tokens(1, 5, 1), 0)
             .unwrap();
         check(&w);
-        assert_eq!(ix.find_matches(0, &keys).blocks(0), 40);
+        assert_eq!(ix.find_matches(&keys).blocks(0), 40);
     }
 
     /// anchors §7 E7: one LRU engine with 60 blocks, 40 requests of 8 blocks (4 shared + 4
@@ -2174,7 +2187,7 @@ mod tests {
                     }
                     Op::Match(s, n) => {
                         let keys = block_keys(&tokens(s, 0, n), BS);
-                        if ix.find_matches(0, &keys).0 != r.find_matches(&keys) {
+                        if ix.find_matches(&keys).0 != r.find_matches(&keys) {
                             mismatches += 1;
                         }
                     }
@@ -2259,7 +2272,7 @@ mod tests {
                     let keys = block_keys(&tokens(3, 0, 64), BS);
                     let mut n = 0u64;
                     while !stop.load(Ordering::Relaxed) && n < 5_000_000 {
-                        for &(_, d) in &ix.find_matches(0, &keys).0 {
+                        for &(_, d) in &ix.find_matches(&keys).0 {
                             assert!(d as usize <= keys.len());
                         }
                         n += 1;
@@ -2279,7 +2292,7 @@ mod tests {
         });
         check(&w);
         let keys = block_keys(&tokens(3, 0, 64), BS);
-        assert_eq!(ix.find_matches(0, &keys).0, r.find_matches(&keys));
+        assert_eq!(ix.find_matches(&keys).0, r.find_matches(&keys));
     }
 
     /// Removing an interior block leaves a ghost: not held, not an entry, a hole for the
@@ -2299,7 +2312,7 @@ mod tests {
         assert_eq!(w[0].counts(0).1, 1, "block 5 is a ghost");
         assert_eq!(ix.entries(), 9);
         assert_eq!(ix.shared.holey[0].load(Ordering::Relaxed), 1);
-        assert_eq!(ix.find_matches(0, &keys).blocks(0), 5);
+        assert_eq!(ix.find_matches(&keys).blocks(0), 5);
         // A store under the ghost is an unknown parent.
         assert!(
             w[0].apply_stored(0, 0, Some(ehash(1, 5)), &[ehash(9, 0)], &tokens(9, 0, 1), 0)
@@ -2316,7 +2329,7 @@ mod tests {
         check(&w);
         assert_eq!(w[0].counts(0).1, 0);
         assert_eq!(ix.shared.holey[0].load(Ordering::Relaxed), 0);
-        assert_eq!(ix.find_matches(0, &keys).blocks(0), 10);
+        assert_eq!(ix.find_matches(&keys).blocks(0), 10);
         assert_eq!(
             w[0].workers[0].as_ref().unwrap().held_idx(ehash(1, 6)),
             Some(idx)
@@ -2332,7 +2345,7 @@ mod tests {
         assert_eq!(w[0].counts(0).0, 5);
         assert_eq!(w[0].counts(0).1, 0, "the ghost went with its last child");
         assert_eq!(ix.shared.holey[0].load(Ordering::Relaxed), 0);
-        assert_eq!(ix.find_matches(0, &keys).0, r.find_matches(&keys));
+        assert_eq!(ix.find_matches(&keys).0, r.find_matches(&keys));
         // Parent-first removal of 0..5: each removed block is a ghost until its child goes.
         let head: Vec<u64> = (0..5).map(|i| ehash(1, i)).collect();
         w[0].apply_removed(0, &head[..3]).unwrap();
@@ -2414,7 +2427,7 @@ mod tests {
         let last = w[0].memory_bytes();
         assert!(last <= first * 5 / 4, "{last} vs {first}");
         let keys = block_keys(&tokens(129, 0, 1_000), BS);
-        assert_eq!(ix.find_matches(0, &keys).0, vec![(0, 1_000)]);
+        assert_eq!(ix.find_matches(&keys).0, vec![(0, 1_000)]);
         // Worker 0 peaks at 2,000 blocks each round: its slab and index keep that size (a
         // slab shrinks below 1/4 full), 16 B + 4 B / load per block.
         let records = last - ix.table_bytes();
@@ -2488,8 +2501,8 @@ mod tests {
             "every shard applied every map"
         );
         let keys = block_keys(&tokens(1, 0, 50), BS);
-        assert_eq!(ix.find_matches(0, &keys).0, vec![(0, 50), (64, 25)]);
-        assert_eq!(ix.find_matches(0, &keys).0, r.find_matches(&keys));
+        assert_eq!(ix.find_matches(&keys).0, vec![(0, 50), (64, 25)]);
+        assert_eq!(ix.find_matches(&keys).0, r.find_matches(&keys));
     }
 
     /// The per-thread scratch is reused across indexes of different widths and never leaks
@@ -2511,8 +2524,8 @@ mod tests {
             for s in 0..3 {
                 for n in [1, 2, 33, 64] {
                     let keys = block_keys(&tokens(s, 0, n), BS);
-                    assert_eq!(a.find_matches(0, &keys).0, ra.find_matches(&keys));
-                    assert_eq!(b.find_matches(0, &keys).0, rb.find_matches(&keys));
+                    assert_eq!(a.find_matches(&keys).0, ra.find_matches(&keys));
+                    assert_eq!(b.find_matches(&keys).0, rb.find_matches(&keys));
                 }
             }
         }

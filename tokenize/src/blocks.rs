@@ -3,8 +3,11 @@
 //! The block keys themselves (chained xxh3-64 of full blocks, kv-events.md §7, seed 1337) have
 //! one implementation, [`kvroute_index`'s `keys` module], used for requests and KV events alike
 //! (`index` and `tokenize` are both leaves, so the one copy lives where the events are indexed).
-//! Partitions do not change the seed: every index takes the [`namespace_hash`] as a separate
-//! `Namespace` argument, so keys of different partitions never meet.
+//! The trees and the hash index take the [`namespace_hash`] as a separate `Namespace`
+//! argument; the KV-event index roots the block-key chain at it (`keys::block_keys_in`), so
+//! keys of different partitions never meet. The event side computes the partition of stored
+//! blocks with this same function (`kvroute_core::events::event_namespace`: the event's
+//! `cache_salt` and `lora_name`, no `extra_key`), so requests and events agree.
 //!
 //! These keys are deliberately unrelated to the simulated engine's block hashes (seed
 //! `"kvengine"`): the router treats engine hashes as opaque handles.

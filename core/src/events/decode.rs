@@ -52,8 +52,24 @@ pub struct BlockStored {
     pub block_size: usize,
     /// Storage tier (field 6); `None` means GPU (§3.6).
     pub medium: Option<String>,
-    /// LoRA adapter name (field 7, vLLM PR #27577).
+    /// LoRA adapter name (field 7, vLLM PR #27577); `None` when nil, absent or empty.
     pub lora_name: Option<String>,
+    /// Cache salt of the sequence this store starts (`None` when nil, absent or empty), from
+    /// the first that says one: the map form's top-level `cache_salt` (Dynamo's reading of
+    /// SGLang's map events), `metadata.cache_salt` (SGLang `BlockStoredWithMetadata`: a map in
+    /// the array form's field 7 or the map form's `metadata`), else the string of
+    /// `extra_keys[0]` (vLLM: block 0's extra keys are `(lora name?, (mm id, offset)…, salt?,
+    /// prompt-embeds digest?)`, the salt only when the block is the sequence's first,
+    /// `kv_cache_utils.generate_block_hash_extra_keys`): the one string left once a leading
+    /// copy of `lora_name` is skipped (multimodal keys are arrays, digests `bin`).
+    pub cache_salt: Option<String>,
+    /// KV-cache group of the blocks (field 9, vLLM PR #37688); `None` when nil or absent.
+    pub group_idx: Option<u32>,
+    /// Attention spec of that group (field 10, vLLM PR #40984), e.g. `"full_attention"`,
+    /// `"sliding_window"`, `"mamba"`; `None` when nil or absent.
+    pub kv_cache_spec_kind: Option<String>,
+    /// Sliding window of that group, tokens (field 11, PR #40984); informational.
+    pub kv_cache_spec_sliding_window: Option<u32>,
 }
 
 /// `BlockRemoved`: blocks were evicted from one tier.
@@ -63,6 +79,11 @@ pub struct BlockRemoved {
     pub block_hashes: Vec<EngineHash>,
     /// Storage tier (field 2); `None` means GPU.
     pub medium: Option<String>,
+    /// KV-cache group of the blocks (field 3, vLLM PR #37688); `None` when nil or absent.
+    pub group_idx: Option<u32>,
+    /// Attention spec of that group when the removal names it (field 4 or by name; vLLM's own
+    /// `BlockRemoved` carries only `group_idx`, Dynamo's wire reader accepts the kind too).
+    pub kv_cache_spec_kind: Option<String>,
 }
 
 /// Why a message or batch was refused. The stream goes on; the caller counts it per worker.
@@ -90,6 +111,20 @@ pub enum DecodeError {
         /// Field name as in vLLM (`"block_hashes"`, …).
         field: &'static str,
     },
+    /// A cache-partition or cache-group field of a known event (`lora_name`, `extra_keys`,
+    /// `cache_salt`, `metadata`, `group_idx`, `kv_cache_spec_kind`,
+    /// `kv_cache_spec_sliding_window`) has the wrong type, or `extra_keys[0]` names more than
+    /// one salt: the event's partition is unknown, so the batch is dropped (counted as a
+    /// decode error and in `StreamStats::bad_partitions`) rather than indexed in a wrong one.
+    #[error("event {index} ({tag}): partition field {field} is malformed")]
+    BadPartition {
+        /// Position of the event in the batch.
+        index: usize,
+        /// Event tag.
+        tag: &'static str,
+        /// Field name as in vLLM / SGLang.
+        field: &'static str,
+    },
     /// A live message does not have exactly 3 frames (`kv-events.md` §1).
     #[error("message has {frames} frames, expected 3 [topic, seq, payload]")]
     FrameCount {
@@ -113,6 +148,8 @@ pub enum DecodeError {
 /// - [`DecodeError::NotABatch`]: neither `[ts, events, …]` nor `{"events": […], …}`.
 /// - [`DecodeError::BadField`]: a known event whose hashes, token ids, parent or sizes have the
 ///   wrong type (a malformed batch is dropped whole, never applied in part).
+/// - [`DecodeError::BadPartition`]: a known event whose partition or group fields are
+///   malformed (see the variant).
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch, DecodeError> {
     let mut rd = payload;
     let value = rmpv::decode::read_value(&mut rd).map_err(|_| DecodeError::Msgpack)?;
@@ -218,26 +255,69 @@ fn decode_event(index: usize, ev: &Value) -> Result<Option<KvEvent>, DecodeError
                     .and_then(|n| usize::try_from(n).ok())
                     .ok_or_else(|| bad("block_size"))?,
             };
+            let part = |field| DecodeError::BadPartition { index, tag, field };
+            // Field 7: vLLM's `lora_name` string, or SGLang's `metadata` map in the array form.
+            let (lora_name, mut cache_salt) = match fields.get(7, "lora_name") {
+                None => (None, None),
+                Some(Value::String(s)) => (
+                    Some(s.as_str().ok_or_else(|| part("lora_name"))?.to_owned()),
+                    None,
+                ),
+                Some(Value::Map(m)) if matches!(fields, Fields::Array(_)) => {
+                    (None, metadata_salt(m).map_err(|()| part("metadata"))?)
+                }
+                Some(_) => return Err(part("lora_name")),
+            };
+            if let Fields::Map(m) = &fields {
+                if let Some(v) = map_get(m, "cache_salt").filter(|v| !v.is_nil()) {
+                    cache_salt = Some(text(v).ok_or_else(|| part("cache_salt"))?);
+                } else {
+                    match map_get(m, "metadata").filter(|v| !v.is_nil()) {
+                        None => {}
+                        Some(Value::Map(md)) => {
+                            cache_salt = metadata_salt(md).map_err(|()| part("metadata"))?;
+                        }
+                        Some(_) => return Err(part("metadata")),
+                    }
+                }
+            }
+            let lora_name = lora_name.filter(|s| !s.is_empty());
+            let extra_salt = extra_keys_salt(fields.get(8, "extra_keys"), lora_name.as_deref())
+                .map_err(|()| part("extra_keys"))?;
+            let cache_salt = cache_salt.or(extra_salt).filter(|s| !s.is_empty());
             Ok(Some(KvEvent::Stored(BlockStored {
                 block_hashes,
                 parent_block_hash,
                 token_ids,
                 block_size,
                 medium: string(fields.get(6, "medium")),
-                lora_name: string(fields.get(7, "lora_name")),
+                lora_name,
+                cache_salt,
+                group_idx: small_int(fields.get(9, "group_idx")).map_err(|()| part("group_idx"))?,
+                kv_cache_spec_kind: opt_text(fields.get(10, "kv_cache_spec_kind"))
+                    .map_err(|()| part("kv_cache_spec_kind"))?,
+                kv_cache_spec_sliding_window: small_int(
+                    fields.get(11, "kv_cache_spec_sliding_window"),
+                )
+                .map_err(|()| part("kv_cache_spec_sliding_window"))?,
             })))
         }
         "BlockRemoved" => {
+            let tag = "BlockRemoved";
             let block_hashes = hashes(fields.get(1, "block_hashes")).ok_or({
                 DecodeError::BadField {
                     index,
-                    tag: "BlockRemoved",
+                    tag,
                     field: "block_hashes",
                 }
             })?;
+            let part = |field| DecodeError::BadPartition { index, tag, field };
             Ok(Some(KvEvent::Removed(BlockRemoved {
                 block_hashes,
                 medium: string(fields.get(2, "medium")),
+                group_idx: small_int(fields.get(3, "group_idx")).map_err(|()| part("group_idx"))?,
+                kv_cache_spec_kind: opt_text(fields.get(4, "kv_cache_spec_kind"))
+                    .map_err(|()| part("kv_cache_spec_kind"))?,
             })))
         }
         "AllBlocksCleared" => Ok(Some(KvEvent::AllCleared)),
@@ -247,6 +327,54 @@ fn decode_event(index: usize, ev: &Value) -> Result<Option<KvEvent>, DecodeError
 
 fn string(v: Option<&Value>) -> Option<String> {
     v.and_then(Value::as_str).map(str::to_owned)
+}
+
+/// A valid UTF-8 msgpack string.
+fn text(v: &Value) -> Option<String> {
+    v.as_str().map(str::to_owned)
+}
+
+/// An optional string field: absent/nil → `None`; a string → it; else malformed.
+fn opt_text(v: Option<&Value>) -> Result<Option<String>, ()> {
+    v.map(|v| text(v).ok_or(())).transpose()
+}
+
+/// An optional non-negative int field that fits `u32`: absent/nil → `None`; else malformed.
+fn small_int(v: Option<&Value>) -> Result<Option<u32>, ()> {
+    v.map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or(()))
+        .transpose()
+}
+
+/// `cache_salt` of an SGLang `metadata` map: absent/nil → `None`; not a string → malformed.
+fn metadata_salt(m: &[(Value, Value)]) -> Result<Option<String>, ()> {
+    opt_text(map_get(m, "cache_salt").filter(|v| !v.is_nil()))
+}
+
+/// The cache salt in vLLM's `extra_keys` (list with one entry per block, each a tuple or nil):
+/// the string of block 0's tuple once a leading copy of `lora` is skipped; `None` without one.
+/// Malformed: `extra_keys` not a list, an entry neither a list nor nil, or two such strings.
+fn extra_keys_salt(v: Option<&Value>, lora: Option<&str>) -> Result<Option<String>, ()> {
+    let entries = match v {
+        None => return Ok(None),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(()),
+    };
+    if entries
+        .iter()
+        .any(|e| !matches!(e, Value::Array(_) | Value::Nil))
+    {
+        return Err(());
+    }
+    let Some(Value::Array(keys)) = entries.first() else {
+        return Ok(None);
+    };
+    let skip = usize::from(lora.is_some() && keys.first().and_then(Value::as_str) == lora);
+    let mut salts = keys[skip..].iter().filter(|k| k.is_str());
+    let salt = salts.next().map(|k| text(k).ok_or(())).transpose()?;
+    if salts.next().is_some() {
+        return Err(());
+    }
+    Ok(salt)
 }
 
 fn hashes(v: Option<&Value>) -> Option<Vec<EngineHash>> {
@@ -349,4 +477,4 @@ pub fn split_replay<'a>(frames: &'a [Vec<u8>]) -> Result<ReplayFrames<'a>, Decod
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

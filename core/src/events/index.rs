@@ -19,6 +19,18 @@
 //! to known hashes; removals drop one tier and a block leaves the index when it is in no tier;
 //! `AllBlocksCleared` clears the stream (B24).
 //!
+//! Partitions and groups (`kv-events.md` §3.3–§3.4, anchors §2.7): a store that starts a
+//! sequence (nil parent) is indexed in the namespace [`super::event_namespace`] gives its
+//! `lora_name` and `cache_salt` (the function requests use too), as the root of its key chain
+//! ([`kvroute_index::keys::root`]); a child store chains from its parent's key and so inherits
+//! the parent's namespace (vLLM sends the salt with a sequence's first block only). Only the
+//! blocks of prefix groups (full attention, MLA, sink full attention: [`kind_is_prefix`]) are
+//! indexed; stores and removals of other groups (sliding window, Mamba, chunked local, …) are
+//! counted and dropped, see the rule table in [`super`]. A GPU store of a block the stream
+//! already holds on GPU is a second physical copy (vLLM's block pool does not de-duplicate,
+//! and each full-attention group stores its own): copies are counted per (stream, engine
+//! hash) and a GPU removal drops one copy; the block leaves the GPU tier with its last copy.
+//!
 //! Tiers decide residency only: a block held in any tier (GPU, CPU, disk, remote) counts as
 //! held when matching. Only blocks whose tier set is not exactly {GPU} are remembered here
 //! (one small map entry each), so the common GPU-only case costs nothing beyond the
@@ -119,6 +131,23 @@ pub struct StreamStats {
     pub learned_block_size: Option<usize>,
     /// Events of a stream beyond the index's stream capacity, not indexed.
     pub over_capacity: u64,
+    /// Batches dropped because a partition or group field was malformed
+    /// ([`super::DecodeError::BadPartition`]; also counted in `decode_errors`).
+    pub bad_partitions: u64,
+    /// Stores of a KV-cache group that is not a prefix group (sliding window, Mamba, …),
+    /// not indexed.
+    pub non_prefix_stores: u64,
+    /// Removals of such a group (or of a group never seen in a store), not applied: they
+    /// must not remove the full-attention copy of the same hash.
+    pub non_prefix_removals: u64,
+    /// Events naming a `kv_cache_spec_kind` not in [`kind_is_prefix`]'s table (treated as
+    /// not a prefix group, as Dynamo does).
+    pub unknown_group_kinds: u64,
+    /// Events not applied because their group carries no kind and the stream shows more than
+    /// one group (the group number alone does not say which is full attention).
+    pub ambiguous_groups: u64,
+    /// GPU removals that dropped one of several copies of a block (the block stays).
+    pub copies_kept: u64,
 }
 
 impl StreamStats {
@@ -149,6 +178,12 @@ impl StreamStats {
             rank_mismatches,
             cleared,
             over_capacity,
+            bad_partitions,
+            non_prefix_stores,
+            non_prefix_removals,
+            unknown_group_kinds,
+            ambiguous_groups,
+            copies_kept,
             last_seq: _,
             learned_block_size: _,
         } = other;
@@ -174,6 +209,12 @@ impl StreamStats {
         self.rank_mismatches += rank_mismatches;
         self.cleared += cleared;
         self.over_capacity += over_capacity;
+        self.bad_partitions += bad_partitions;
+        self.non_prefix_stores += non_prefix_stores;
+        self.non_prefix_removals += non_prefix_removals;
+        self.unknown_group_kinds += unknown_group_kinds;
+        self.ambiguous_groups += ambiguous_groups;
+        self.copies_kept += copies_kept;
     }
 }
 
@@ -195,6 +236,28 @@ pub fn sub_hash(engine: EngineHash, j: usize, k: usize) -> EngineHash {
     }
 }
 
+/// Whether the blocks of a KV-cache group of kind `kind` (vLLM `kv_cache_spec_kind`, PR
+/// #40984) are prefix blocks: `Some(true)` for `full_attention`, `mla_attention`,
+/// `sink_full_attention` (every block of the prefix kept); `Some(false)` for
+/// `sliding_window`, `sliding_window_mla`, `chunked_local_attention` (only the last window
+/// or chunk is needed, older blocks are dropped independently), `mamba` (one state per
+/// request, not per prefix block), `encoder_only_attention`, `cross_attention` (not the
+/// decoder's prefix); `None` for any other name (the caller counts it and treats it as not a
+/// prefix group). Source: vLLM `KVCacheSpecKind`, Dynamo `zmq_wire/filter.rs`
+/// `is_main_attention`.
+pub fn kind_is_prefix(kind: &str) -> Option<bool> {
+    match kind {
+        "full_attention" | "mla_attention" | "sink_full_attention" => Some(true),
+        "sliding_window"
+        | "sliding_window_mla"
+        | "chunked_local_attention"
+        | "mamba"
+        | "encoder_only_attention"
+        | "cross_attention" => Some(false),
+        _ => None,
+    }
+}
+
 /// Per-stream state kept beside the positional index.
 #[derive(Debug, Default)]
 struct StreamState {
@@ -207,7 +270,78 @@ struct StreamState {
     /// Held engine hashes, kept only while `ratio > 1` (the positional index then also holds
     /// derived handles, which are not engine blocks).
     recut: HashSet<EngineHash>,
+    /// GPU copies beyond the first of held blocks stored more than once on GPU (duplicate
+    /// stores, several full-attention groups); absent = one copy.
+    copies: HashMap<EngineHash, u32>,
+    /// Group index → prefix group or not, learned from events that name the group's kind.
+    groups: HashMap<u32, bool>,
+    /// The one group index seen in stores without a kind (treated as full attention while
+    /// it is the only one).
+    kindless_group: Option<u32>,
+    /// Stores without a kind named two group indexes: such events are no longer applied.
+    ambiguous: bool,
+    /// During an orphan relearn ([`EventIndex::set_relearning`]): blocks the relearn itself
+    /// added, the only ones whose copies re-applied history may change.
+    relearned: Option<HashSet<EngineHash>>,
     stats: StreamStats,
+}
+
+/// What a store or removal's group makes of it.
+enum GroupRole {
+    /// Prefix blocks: apply.
+    Prefix,
+    /// Another kind of group, or an unknown one: drop and count.
+    NotPrefix,
+    /// A kindless group next to another kindless one: drop, count as ambiguous.
+    Ambiguous,
+}
+
+impl StreamState {
+    /// The role of an event of group `group` with kind `kind`; learns the group's kind. The
+    /// rules are rows of the table in [`super`].
+    fn group_role(&mut self, group: Option<u32>, kind: Option<&str>, store: bool) -> GroupRole {
+        if let Some(k) = kind {
+            let prefix = kind_is_prefix(k).unwrap_or_else(|| {
+                self.stats.unknown_group_kinds += 1;
+                false
+            });
+            if let Some(g) = group {
+                self.groups.insert(g, prefix);
+            }
+            return if prefix {
+                GroupRole::Prefix
+            } else {
+                GroupRole::NotPrefix
+            };
+        }
+        let Some(g) = group else {
+            return GroupRole::Prefix;
+        };
+        if let Some(&prefix) = self.groups.get(&g) {
+            return if prefix {
+                GroupRole::Prefix
+            } else {
+                GroupRole::NotPrefix
+            };
+        }
+        if self.ambiguous {
+            return GroupRole::Ambiguous;
+        }
+        match self.kindless_group {
+            Some(k) if k == g => GroupRole::Prefix,
+            None if store => {
+                self.kindless_group = Some(g);
+                GroupRole::Prefix
+            }
+            // A removal of a group no store has named: none of our copies is from it.
+            None => GroupRole::NotPrefix,
+            Some(_) if store => {
+                self.ambiguous = true;
+                GroupRole::Ambiguous
+            }
+            Some(_) => GroupRole::NotPrefix,
+        }
+    }
 }
 
 /// A stream holding a prefix of a query.
@@ -250,15 +384,23 @@ impl EventReader {
         self.index.entries() == 0
     }
 
-    /// Streams holding a prefix of `keys` (router block keys of one prompt,
-    /// [`kvroute_index::keys::block_keys`]), with the count of consecutive leading blocks each
+    /// Router block keys of `tokens` in cache namespace `ns` (the request's
+    /// [`crate::route_key::RouteKey::namespace`]): [`kvroute_index::keys::block_keys_in`] at
+    /// this index's block size, what [`Self::find_matches`] takes.
+    pub fn block_keys(&self, ns: kvroute_index::Namespace, tokens: &[u32]) -> Vec<u64> {
+        kvroute_index::keys::block_keys_in(ns, tokens, self.index.block_size())
+    }
+
+    /// Streams holding a prefix of `keys` (router block keys of one prompt in its cache
+    /// namespace, [`Self::block_keys`] / [`kvroute_index::keys::block_keys_in`]: blocks
+    /// stored in another namespace never match), with the count of consecutive leading blocks each
     /// holds (a hole truncates); streams holding no leading block, and hidden streams
     /// ([`EventIndex::set_hidden`]), are absent. Lock-free; cost
     /// as [`positional::EventIndex::find_matches`] (jump search, O(len / 32) probes when no
     /// stream has a hole).
     pub fn find_matches(&self, keys: &[u64]) -> Vec<Match> {
         self.index
-            .find_matches(0, keys)
+            .find_matches(keys)
             .0
             .into_iter()
             .filter_map(|(id, blocks)| {
@@ -299,6 +441,7 @@ pub struct EventIndexSettings {
 /// 2. `recut` is empty unless `ratio > 1`, and then holds every held engine block.
 /// 3. No `tiers` entry is 0 or exactly {GPU}.
 /// 4. The positional writers' own invariants hold.
+/// 5. `copies` names only blocks held on GPU, each with a count > 0.
 pub struct EventIndex {
     block_size: usize,
     reader: EventReader,
@@ -369,6 +512,36 @@ impl EventIndex {
     pub fn set_hidden(&mut self, stream: StreamId, hidden: bool) {
         if let Some(id) = self.streams.get(&stream).and_then(|s| s.id) {
             self.reader.hidden[id as usize].store(hidden, Ordering::Release);
+        }
+    }
+
+    /// Starts (`true`) or ends an orphan relearn of `stream` (B39: the engine's buffer is
+    /// re-applied on top of the current state, [`super::sequence::Step::Reapply`]). While it
+    /// runs, stores and removals of blocks the stream held when it began are history already
+    /// applied: they change neither copies nor residency; blocks the relearn adds follow the
+    /// usual rules. (With copies counted, re-applying a store of a held block would otherwise
+    /// count one copy too many.) Ending it forgets which blocks it added.
+    pub fn set_relearning(&mut self, stream: StreamId, on: bool) {
+        let st = self.state(stream);
+        match (on, st.relearned.is_some()) {
+            (true, false) => st.relearned = Some(HashSet::new()),
+            (false, true) => st.relearned = None,
+            _ => {}
+        }
+    }
+
+    /// GPU copies of engine block `h` that `stream` holds: 0 when it does not hold it on
+    /// GPU, else 1 + the duplicate GPU stores not yet removed.
+    pub fn copies(&self, stream: StreamId, h: EngineHash) -> u32 {
+        let Some((st, Some(id))) = self.streams.get(&stream).map(|s| (s, s.id)) else {
+            return 0;
+        };
+        let held = self.writers[id as usize / SHARD_WORKERS].holds(id, h)
+            && st.tiers.get(&h).copied().unwrap_or(DEVICE) & DEVICE != 0;
+        if held {
+            1 + st.copies.get(&h).copied().unwrap_or(0)
+        } else {
+            0
         }
     }
 
@@ -486,6 +659,28 @@ impl EventIndex {
             return;
         };
         let writer = &mut self.writers[id as usize / SHARD_WORKERS];
+        match state.group_role(ev.group_idx, ev.kv_cache_spec_kind.as_deref(), true) {
+            GroupRole::Prefix => {}
+            GroupRole::NotPrefix => {
+                state.stats.non_prefix_stores += 1;
+                return;
+            }
+            GroupRole::Ambiguous => {
+                if state.stats.ambiguous_groups == 0 {
+                    // What was indexed as the only kindless group may be any kind: start over.
+                    tracing::warn!(
+                        worker = stream.worker,
+                        rank = stream.rank,
+                        group = ev.group_idx,
+                        "KV events name several cache groups without their kind: \
+                         group-tagged events of this stream are no longer indexed"
+                    );
+                    clear_stream(writer, id, state);
+                }
+                state.stats.ambiguous_groups += 1;
+                return;
+            }
+        }
         let n = ev.block_hashes.len();
         if n == 0 {
             return;
@@ -551,18 +746,34 @@ impl EventIndex {
         let mut handles = Vec::with_capacity(n * k);
         for &h in &ev.block_hashes {
             if writer.holds(id, h) {
-                // Already indexed (duplicate store, §8.3): only its tier and touch change.
+                // Already indexed (§8.3): the index holds one record, whose tier and touch
+                // change; a second GPU copy is counted (rule table: copies).
+                let on_gpu = state.tiers.get(&h).copied().unwrap_or(DEVICE) & DEVICE != 0;
+                let history = state.relearned.as_ref().is_some_and(|r| !r.contains(&h));
+                if tier == Tier::Device && on_gpu && !history {
+                    *state.copies.entry(h).or_insert(0) += 1;
+                }
                 add_tier(&mut state.tiers, h, tier);
-            } else if tier != Tier::Device {
-                state.tiers.insert(h, tier.bit());
+            } else {
+                if tier != Tier::Device {
+                    state.tiers.insert(h, tier.bit());
+                }
+                if let Some(r) = state.relearned.as_mut() {
+                    r.insert(h);
+                }
             }
             if k > 1 {
                 state.recut.insert(h);
             }
             handles.extend((0..k).map(|j| sub_hash(h, j, k)));
         }
+        // The namespace roots a chain that starts here; a child inherits its parent's.
+        let ns = match ev.parent_block_hash {
+            None => super::event_namespace(ev.lora_name.as_deref(), ev.cache_salt.as_deref()),
+            Some(_) => 0,
+        };
         if let Err(e) =
-            writer.apply_stored(id, 0, ev.parent_block_hash, &handles, &ev.token_ids, now)
+            writer.apply_stored(id, ns, ev.parent_block_hash, &handles, &ev.token_ids, now)
         {
             // Unreachable after the checks above; counted rather than trusted.
             tracing::warn!(worker = stream.worker, rank = stream.rank, "store: {e}");
@@ -584,6 +795,17 @@ impl EventIndex {
             state.stats.over_capacity += 1;
             return;
         };
+        match state.group_role(ev.group_idx, ev.kv_cache_spec_kind.as_deref(), false) {
+            GroupRole::Prefix => {}
+            GroupRole::NotPrefix => {
+                state.stats.non_prefix_removals += 1;
+                return;
+            }
+            GroupRole::Ambiguous => {
+                state.stats.ambiguous_groups += 1;
+                return;
+            }
+        }
         let writer = &mut self.writers[id as usize / SHARD_WORKERS];
         let k = state.ratio.max(1);
         let mut gone = Vec::new();
@@ -592,11 +814,28 @@ impl EventIndex {
                 state.stats.unknown_removals += 1;
                 continue;
             }
+            if state.relearned.as_ref().is_some_and(|r| !r.contains(&h)) {
+                // Re-applied history of a block held before the relearn: already applied.
+                continue;
+            }
+            if tier == Tier::Device
+                && let Some(c) = state.copies.get_mut(&h)
+            {
+                *c -= 1;
+                if *c == 0 {
+                    state.copies.remove(&h);
+                }
+                state.stats.copies_kept += 1;
+                continue;
+            }
             let mask = state.tiers.get(&h).copied().unwrap_or(DEVICE) & !tier.bit();
             match mask {
                 0 => {
                     state.tiers.remove(&h);
                     state.recut.remove(&h);
+                    if let Some(r) = state.relearned.as_mut() {
+                        r.remove(&h);
+                    }
                     // Deepest first, so the engine block never leaves a transient hole.
                     gone.extend((0..k).rev().map(|j| sub_hash(h, j, k)));
                 }
@@ -635,6 +874,9 @@ impl EventIndex {
                 clear_stream(&mut self.writers[id as usize / SHARD_WORKERS], id, st);
             }
             st.stats = StreamStats::default();
+            st.groups = HashMap::new();
+            st.kindless_group = None;
+            st.ambiguous = false;
         }
     }
 
@@ -654,6 +896,7 @@ impl EventIndex {
                 let w = &self.writers[id as usize / SHARD_WORKERS];
                 st.tiers.retain(|h, _| w.holds(id, *h));
                 st.recut.retain(|h| w.holds(id, *h));
+                st.copies.retain(|h, _| w.holds(id, *h));
             }
         }
         dropped
@@ -673,6 +916,9 @@ impl EventIndex {
             let Some(id) = st.id else {
                 if !st.tiers.is_empty() || !st.recut.is_empty() {
                     return Err((1, Some(*s)));
+                }
+                if !st.copies.is_empty() {
+                    return Err((5, Some(*s)));
                 }
                 continue;
             };
@@ -700,6 +946,13 @@ impl EventIndex {
             }
             if st.tiers.values().any(|&m| m == 0 || m == DEVICE) {
                 return Err((3, Some(*s)));
+            }
+            if st.copies.iter().any(|(h, &c)| {
+                c == 0
+                    || !w.holds(id, *h)
+                    || st.tiers.get(h).copied().unwrap_or(DEVICE) & DEVICE == 0
+            }) {
+                return Err((5, Some(*s)));
             }
         }
         for w in &self.writers {
@@ -759,4 +1012,8 @@ fn clear_stream(writer: &mut EventWriter, id: u32, state: &mut StreamState) {
         .expect("stream id is in its writer's shard");
     state.tiers = HashMap::new();
     state.recut = HashSet::new();
+    state.copies = HashMap::new();
+    if let Some(r) = state.relearned.as_mut() {
+        r.clear();
+    }
 }

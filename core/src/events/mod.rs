@@ -23,13 +23,28 @@
 //! | live seq ≤ last, other payload | engine restart: clear the stream | §2, §8.5 |
 //! | `AllBlocksCleared` | clear the stream | §8.6, B24 |
 //! | a store's parent is unknown (orphan) | count it; replay the engine's whole buffer and re-apply it in order (at most once per 1,000 batches) | §8.7, B39 |
+//! | a store with a nil parent | its blocks go to namespace [`event_namespace`]`(lora_name, cache_salt)`, the root of their key chain; requests match them only from the same namespace ([`crate::route_key::RouteKey::namespace`], same function) | anchors §2.7, §7 |
+//! | a store with a known parent | inherits the parent's namespace through its key chain (its own `lora_name` / salt are not read: vLLM puts the salt in block 0's `extra_keys` only) | vLLM `generate_block_hash_extra_keys` |
+//! | `cache_salt` | top-level `cache_salt` (map form), else `metadata.cache_salt` (SGLang `BlockStoredWithMetadata`; array form: a map in field 7), else the one string in `extra_keys[0]` after a leading copy of `lora_name`; empty = unset | §3.3–§3.4, Dynamo `zmq_wire/filter.rs` |
+//! | a malformed partition or group field (`lora_name`, `extra_keys`, `cache_salt`, `metadata`, `group_idx`, `kv_cache_spec_kind`, window) | drop the batch, count `decode_errors` and `bad_partitions`, warn | house rule for bad fields |
+//! | `kv_cache_spec_kind` full / MLA / sink full attention | prefix blocks: indexed | vLLM PR #40984, Dynamo `is_main_attention` |
+//! | another kind (sliding window, Mamba, chunked local, encoder, cross) | store not indexed (`non_prefix_stores`), removal not applied (`non_prefix_removals`): it must not remove the full-attention copy of the same hash | PR #37688 ("vLLM can evict SWA blocks while retaining the full-attention blocks") |
+//! | an unknown kind | as another kind, and counted (`unknown_group_kinds`) | Dynamo treats it as non-main |
+//! | no kind, no `group_idx` | full attention (legacy single group) | vLLM `block_pool.py` before PR #37688: "we disable hybrid kv cache manager when kv cache event is enabled, so there is only one group" |
+//! | no kind, `group_idx` g | g's kind if an earlier event named it; else full attention while g is the only kindless group of the stream; a second kindless group → stream cleared once, such events dropped (`ambiguous_groups`), warn | PR #37688 (HMA events, no kind) and PR #40984: group numbers "are allocator/layout details rather than stable semantic labels" |
+//! | a removal naming a group no store named (and no kind) | not applied (`non_prefix_removals`): none of our copies is from it | — |
+//! | a GPU store of a block already held on GPU (same stream) | one more copy (`copies`); the index itself is unchanged | vLLM `BlockHashToBlockMap`: "we don't de-duplicate the blocks in the cache"; one store per full-attention group |
+//! | a GPU removal of a block with several copies | one copy fewer (`copies_kept`); the block leaves with its last copy | same; supersedes anchors §3.4 "duplicate stores are no-ops" (Dynamo), which drops a block another copy still holds |
+//! | during an orphan relearn | stores and removals of blocks held when it began change nothing (history already applied) | B39 with copies |
 
 pub mod decode;
 pub mod index;
 pub mod sequence;
 
 pub use decode::{BlockRemoved, BlockStored, DecodeError, EngineHash, EventBatch, KvEvent};
-pub use index::{EventIndex, EventIndexSettings, EventReader, Match, StreamStats, Tier};
+pub use index::{
+    EventIndex, EventIndexSettings, EventReader, Match, StreamStats, Tier, kind_is_prefix,
+};
 pub use sequence::{ClearReason, SeqTracker, Step};
 
 use std::collections::HashMap;
@@ -42,6 +57,28 @@ pub struct StreamId {
     pub worker: u32,
     /// Data-parallel rank (`0..dp`); rank r publishes on the configured port + r.
     pub rank: u32,
+}
+
+/// Cache partition of blocks an engine stored for a request with LoRA adapter `lora_name` and
+/// `cache_salt` (`None` or empty = unset): [`kvroute_tokenize::blocks::namespace_hash`]`(
+/// cache_salt, None, lora_name)`, the function a request's
+/// [`crate::route_key::RouteKey::namespace`] comes from, so a request with `cache_salt` s and
+/// adapter a (`lora_path`, `lora_id` or `model: "base:a"`) matches exactly the blocks stored
+/// with salt s under `lora_name` a. The request's `extra_key` (SGLang) has no counterpart in
+/// the events: blocks of such requests land in the namespace of their salt and adapter only.
+///
+/// Models: the index serves every model of the fleet; routing looks only at workers eligible
+/// for the request's model, so a stream's blocks count only for the models its worker
+/// serves. A worker serving a base model and LoRA adapters publishes the adapters' blocks
+/// with their `lora_name`: they live in the adapter's namespace and never match base-model
+/// requests (and vice versa). A vLLM request that selects the adapter by `"model": "a"`
+/// carries no adapter field the router reads, so it is in namespace 0 and does not see the
+/// adapter's blocks (it falls back to the token tree).
+pub fn event_namespace(
+    lora_name: Option<&str>,
+    cache_salt: Option<&str>,
+) -> kvroute_index::Namespace {
+    kvroute_tokenize::blocks::namespace_hash(cache_salt, None, lora_name)
 }
 
 /// kvroute's chained block keys of `tokens` cut into blocks of `block_size` tokens, continuing
@@ -165,6 +202,7 @@ impl Consumer {
     fn run_steps(index: &mut EventIndex, stream: StreamId, steps: Vec<Step>) -> Option<u64> {
         let mut replay = None;
         for step in steps {
+            index.set_relearning(stream, matches!(step, Step::Reapply { .. }));
             match step {
                 Step::Reapply { seq, payload } => match decode::decode_batch(&payload) {
                     Ok(batch) => {
@@ -192,6 +230,9 @@ impl Consumer {
                         }
                         Err(e) => {
                             stats.decode_errors += 1;
+                            if matches!(e, DecodeError::BadPartition { .. }) {
+                                stats.bad_partitions += 1;
+                            }
                             tracing::warn!(
                                 worker = stream.worker,
                                 rank = stream.rank,

@@ -126,6 +126,7 @@ fn parent_links_holes_and_orphans() {
         &BlockRemoved {
             block_hashes: vec![11],
             medium: None,
+            ..Default::default()
         },
     );
     assert_eq!(ix.find_matches(&keys)[0].blocks, 1);
@@ -190,6 +191,7 @@ fn b25_b29_offload_tiers() {
         &BlockRemoved {
             block_hashes: vec![1],
             medium: Some("GPU".into()),
+            ..Default::default()
         },
     );
     assert_eq!(ix.find_matches(&keys)[0].blocks, 1);
@@ -200,6 +202,7 @@ fn b25_b29_offload_tiers() {
         &BlockRemoved {
             block_hashes: vec![1],
             medium: Some("CPU".into()),
+            ..Default::default()
         },
     );
     assert!(ix.find_matches(&keys).is_empty());
@@ -225,6 +228,7 @@ fn b25_b29_offload_tiers() {
         &BlockRemoved {
             block_hashes: vec![500],
             medium: None,
+            ..Default::default()
         },
     );
     assert_eq!(ix.stream_keys(other), 16);
@@ -233,6 +237,7 @@ fn b25_b29_offload_tiers() {
         &BlockRemoved {
             block_hashes: vec![500],
             medium: Some("STORAGE".into()),
+            ..Default::default()
         },
     );
     assert_eq!(ix.stream_keys(other), 0);
@@ -282,6 +287,7 @@ fn decoded_store(hashes: &[u64], tokens: &[u32]) -> BlockStored {
         block_size: 16,
         medium: None,
         lora_name: None,
+        ..Default::default()
     }
 }
 
@@ -773,8 +779,8 @@ mod reference {
         1 + (u64::from(s) << 32) + (d as u64) * 100 + i as u64
     }
 
-    /// Per stream: engine hash → (router keys, tier mask).
-    type Model = HashMap<u32, HashMap<u64, (Vec<u64>, u8)>>;
+    /// Per stream: engine hash → (router keys, tier mask, GPU copies).
+    type Model = HashMap<u32, HashMap<u64, (Vec<u64>, u8, u32)>>;
 
     fn apply_model(m: &mut Model, op: &Op) {
         let bit = |cpu: bool| if cpu { 2u8 } else { 1u8 };
@@ -789,7 +795,11 @@ mod reference {
                 for i in from..(from + n).min(BLOCKS) {
                     let e = st
                         .entry(hash(s, d, i))
-                        .or_insert_with(|| (keys[i * k..(i + 1) * k].to_vec(), 0));
+                        .or_insert_with(|| (keys[i * k..(i + 1) * k].to_vec(), 0, 0));
+                    if !cpu {
+                        // A GPU store of a block on GPU is one more copy (rule table).
+                        e.2 += 1;
+                    }
                     e.1 |= bit(cpu);
                 }
             }
@@ -802,6 +812,13 @@ mod reference {
                 let st = m.entry(s).or_default();
                 let h = hash(s, d, i);
                 if let Some(e) = st.get_mut(&h) {
+                    if !cpu && e.2 > 1 {
+                        e.2 -= 1;
+                        return;
+                    }
+                    if !cpu {
+                        e.2 = 0;
+                    }
                     e.1 &= !bit(cpu);
                     if e.1 == 0 {
                         st.remove(&h);
@@ -829,6 +846,7 @@ mod reference {
                         block_size: ebs,
                         medium: medium(cpu),
                         lora_name: None,
+                        ..Default::default()
                     },
                 );
             }
@@ -841,6 +859,7 @@ mod reference {
                     block_size: 0,
                     medium: medium(true),
                     lora_name: None,
+                    ..Default::default()
                 },
             ),
             Op::Remove { s, d, i, cpu } => ix.removed(
@@ -848,6 +867,7 @@ mod reference {
                 &BlockRemoved {
                     block_hashes: vec![hash(s, d, i)],
                     medium: medium(cpu),
+                    ..Default::default()
                 },
             ),
             Op::Clear { s } => ix.clear(StreamId { worker: s, rank: 0 }),
@@ -894,6 +914,9 @@ mod reference {
                             st.iter().filter(|e| e.1.1 & bit != 0).map(|e| *e.0).collect();
                         want.sort_unstable();
                         prop_assert_eq!(got, want, "stream {} tier {:?}", s, tier);
+                    }
+                    for (h, e) in &st {
+                        prop_assert_eq!(ix.copies(stream, *h), e.2, "copies of {} after {:?}", h, op);
                     }
                     prop_assert_eq!(ix.worker_blocks(s), st.len());
                 }
@@ -949,4 +972,330 @@ fn stream_counters_add_up() {
     t.add_counters(&s);
     assert_eq!((t.batches, t.length_mismatches, t.over_capacity), (8, 2, 8));
     assert_eq!((t.last_seq, t.learned_block_size), (Some(9), None));
+}
+
+// ---- Partitions, hybrid groups, copies (issue 14) ---------------------------------------
+
+/// Applies golden bytes (`decode/tests.rs`) to `stream`.
+fn apply_golden(ix: &mut EventIndex, stream: StreamId, hex: &str) {
+    let batch = decode::decode_batch(&decode::tests::unhex(hex)).unwrap();
+    ix.apply_batch(stream, &batch);
+}
+
+/// The namespace a completions request with `extra` partition fields gets (the request side).
+fn request_ns(extra: &str) -> u64 {
+    use crate::route_key::{Endpoint, route_key};
+    let body = format!(r#"{{"model":"m","prompt":[1,2,3]{extra}}}"#);
+    route_key(Endpoint::Completions, body.as_bytes())
+        .unwrap()
+        .namespace
+}
+
+/// Blocks of `tokens` stream 0 holds in namespace `ns`, as the policy asks.
+fn held_in(ix: &EventIndex, ns: u64, tokens: &[u32]) -> usize {
+    let r = ix.reader();
+    r.find_matches(&r.block_keys(ns, tokens))
+        .iter()
+        .find(|m| m.stream == RANK0)
+        .map_or(0, |m| m.blocks)
+}
+
+/// P1 on the wire (LoRA "sql-lora", salt "tenant-a", tokens 1..32): the blocks match a request
+/// carrying the same salt and adapter, in every way the request can name the adapter, and no
+/// request of another partition; a child store that names no salt inherits the partition.
+#[test]
+fn partitions_from_wire_bytes_match_only_the_same_salt_and_adapter() {
+    let mut ix = EventIndex::new(16);
+    apply_golden(&mut ix, RANK0, decode::tests::P1);
+    let ns = request_ns(r#","cache_salt":"tenant-a","lora_path":"sql-lora""#);
+    assert_eq!(ns, event_namespace(Some("sql-lora"), Some("tenant-a")));
+    assert_eq!(
+        ns,
+        request_ns(r#","cache_salt":"tenant-a","lora_id":"sql-lora""#)
+    );
+    assert_ne!(ns, 0);
+    let t = toks(1..33);
+    assert_eq!(held_in(&ix, ns, &t), 2);
+    assert_eq!(held_in(&ix, 0, &t), 0);
+    assert_eq!(
+        held_in(&ix, request_ns(r#","cache_salt":"tenant-a""#), &t),
+        0
+    );
+    assert_eq!(
+        held_in(&ix, request_ns(r#","lora_path":"sql-lora""#), &t),
+        0
+    );
+    // Block 2 (tokens 33..48) under parent B1, no salt in its extra keys: same partition.
+    let mut child = decoded_store(&[77], &toks(33..49));
+    child.parent_block_hash = Some(2_758_186_210_834_249_151);
+    child.lora_name = Some("sql-lora".into());
+    ix.stored(RANK0, &child);
+    assert_eq!(held_in(&ix, ns, &toks(1..49)), 3);
+    assert_eq!(held_in(&ix, 0, &toks(1..49)), 0);
+    ix.check_invariants().unwrap();
+}
+
+/// P2 (salt after a multimodal key) and P3 (SGLang's metadata map) land in the salt's
+/// partition; a default-partition store of the same tokens stays apart.
+#[test]
+fn salt_only_partitions_of_vllm_and_sglang() {
+    let salt = request_ns(r#","cache_salt":"tenant-a""#);
+    assert_eq!(salt, event_namespace(None, Some("tenant-a")));
+    for hex in [decode::tests::P2, decode::tests::P3] {
+        let mut ix = EventIndex::new(16);
+        apply_golden(&mut ix, RANK0, hex);
+        assert_eq!(held_in(&ix, salt, &toks(1..17)), 1);
+        assert_eq!(held_in(&ix, 0, &toks(1..17)), 0);
+        ix.stored(RANK0, &decoded_store(&[5], &toks(1..17)));
+        assert_eq!(held_in(&ix, 0, &toks(1..17)), 1);
+        assert_eq!(held_in(&ix, salt, &toks(1..17)), 1);
+        assert_eq!(ix.stream_keys(RANK0), 2);
+    }
+}
+
+/// The router routes a salted request to the worker holding its salted prefix, not to the
+/// one holding the same tokens unsalted.
+#[test]
+fn the_policy_matches_events_in_the_requests_namespace() {
+    use crate::config::{Config, PolicyKind};
+    use crate::policy::{Reason, Router};
+    use crate::route_key::RouteKey;
+    let mut router = Router::new(&Config {
+        policy: PolicyKind::CacheAware,
+        ..Config::default()
+    });
+    let mut ix = EventIndex::new(16);
+    router.set_event_index(ix.reader());
+    let t = toks(0..64);
+    let w = |worker| StreamId { worker, rank: 0 };
+    ix.stored(w(1), &decoded_store(&[1, 2, 3, 4], &t));
+    let mut salted = decoded_store(&[11, 12, 13, 14], &t);
+    salted.cache_salt = Some("s".into());
+    ix.stored(w(2), &salted);
+    let key = |ns| RouteKey {
+        model: "m".into(),
+        input_ids: Some(t.clone()),
+        namespace: ns,
+        ..RouteKey::default()
+    };
+    for (ns, want) in [(0, 1), (event_namespace(None, Some("s")), 2)] {
+        let d = router.decide_all(&key(ns), &[0, 0, 0, 0]);
+        assert_eq!(d.worker, want, "{d:?}");
+        assert!(
+            matches!(
+                d.reason,
+                Reason::TokenHit {
+                    matched_tokens: 64,
+                    ..
+                }
+            ),
+            "{d:?}"
+        );
+    }
+}
+
+/// H1 / H2 (hybrid model): the sliding-window group's store is not indexed and its removal
+/// of the same hash does not remove the full-attention block.
+#[test]
+fn hybrid_sliding_window_group_neither_stores_nor_removes_prefix_blocks() {
+    for hex in [decode::tests::H1, decode::tests::H2] {
+        let mut ix = EventIndex::new(16);
+        apply_golden(&mut ix, RANK0, hex);
+        assert_eq!(held_in(&ix, 0, &toks(1..17)), 1);
+        assert_eq!(ix.copies(RANK0, 3_236_607_068_019_569_386), 1);
+        let st = ix.stats_mut(RANK0).clone();
+        assert_eq!((st.non_prefix_stores, st.non_prefix_removals), (1, 1));
+        assert_eq!((st.unknown_removals, st.copies_kept), (0, 0));
+        // A removal naming group 0 (full attention, learned) removes it.
+        ix.removed(
+            RANK0,
+            &BlockRemoved {
+                block_hashes: vec![3_236_607_068_019_569_386],
+                group_idx: Some(0),
+                ..Default::default()
+            },
+        );
+        assert_eq!(held_in(&ix, 0, &toks(1..17)), 0);
+        ix.check_invariants().unwrap();
+    }
+}
+
+fn in_group(mut s: BlockStored, g: Option<u32>, kind: Option<&str>) -> BlockStored {
+    s.group_idx = g;
+    s.kv_cache_spec_kind = kind.map(str::to_owned);
+    s
+}
+
+fn removal(h: u64, g: Option<u32>) -> BlockRemoved {
+    BlockRemoved {
+        block_hashes: vec![h],
+        group_idx: g,
+        ..Default::default()
+    }
+}
+
+/// Other kinds: a Mamba group with its own (larger) block size is ignored without touching
+/// the learned block size; an unknown kind is counted and ignored; MLA is a prefix group.
+#[test]
+fn group_kinds_decide_what_is_indexed() {
+    let mut ix = EventIndex::new(16);
+    ix.stored(
+        RANK0,
+        &in_group(
+            decoded_store(&[1], &toks(0..16)),
+            Some(0),
+            Some("mla_attention"),
+        ),
+    );
+    let mut mamba = in_group(decoded_store(&[9], &toks(0..64)), Some(1), Some("mamba"));
+    mamba.block_size = 64;
+    ix.stored(RANK0, &mamba);
+    ix.stored(
+        RANK0,
+        &in_group(
+            decoded_store(&[8], &toks(100..116)),
+            Some(2),
+            Some("linear_attention"),
+        ),
+    );
+    let st = ix.stats_mut(RANK0).clone();
+    assert_eq!(st.learned_block_size, Some(16));
+    assert_eq!((st.non_prefix_stores, st.unknown_group_kinds), (2, 1));
+    assert_eq!(ix.stream_keys(RANK0), 1);
+    assert_eq!(held_in(&ix, 0, &toks(0..16)), 1);
+    // Group 1's removal (learned: Mamba) and a never-seen group's removal change nothing.
+    ix.removed(RANK0, &removal(1, Some(1)));
+    ix.removed(RANK0, &removal(1, Some(7)));
+    assert_eq!(held_in(&ix, 0, &toks(0..16)), 1);
+    assert_eq!(ix.stats_mut(RANK0).non_prefix_removals, 2);
+    ix.removed(RANK0, &removal(1, Some(0)));
+    assert_eq!(ix.stream_keys(RANK0), 0);
+    ix.check_invariants().unwrap();
+}
+
+/// No kind: the one kindless group is full attention (and its removals apply); a second
+/// kindless group (H3 on the wire) makes the stream ambiguous: cleared once, warned, counted,
+/// and no kindless group event applies any more; events with a kind still do.
+#[test]
+fn groups_without_kind() {
+    let mut ix = EventIndex::new(16);
+    ix.stored(
+        RANK0,
+        &in_group(decoded_store(&[1], &toks(0..16)), Some(0), None),
+    );
+    assert_eq!(held_in(&ix, 0, &toks(0..16)), 1);
+    ix.removed(RANK0, &removal(1, Some(0)));
+    assert_eq!(ix.stream_keys(RANK0), 0);
+    ix.removed(RANK0, &removal(1, Some(3)));
+    assert_eq!(ix.stats_mut(RANK0).non_prefix_removals, 1);
+
+    let mut ix = EventIndex::new(16);
+    apply_golden(&mut ix, RANK0, decode::tests::H3);
+    assert_eq!(ix.stream_keys(RANK0), 0);
+    assert_eq!(ix.stats_mut(RANK0).ambiguous_groups, 1);
+    ix.stored(
+        RANK0,
+        &in_group(decoded_store(&[2], &toks(0..16)), Some(0), None),
+    );
+    ix.removed(RANK0, &removal(2, Some(1)));
+    assert_eq!(ix.stream_keys(RANK0), 0);
+    assert_eq!(ix.stats_mut(RANK0).ambiguous_groups, 3);
+    ix.stored(
+        RANK0,
+        &in_group(
+            decoded_store(&[3], &toks(0..16)),
+            Some(0),
+            Some("full_attention"),
+        ),
+    );
+    assert_eq!(held_in(&ix, 0, &toks(0..16)), 1);
+    // Legacy events (no group at all) are full attention.
+    ix.stored(RANK0, &decoded_store(&[4], &toks(50..66)));
+    assert_eq!(held_in(&ix, 0, &toks(50..66)), 1);
+    ix.check_invariants().unwrap();
+}
+
+/// Copies: a block stored twice on GPU (vLLM's block pool does not de-duplicate; or two
+/// full-attention groups) survives the removal of one copy and leaves with the last; a CPU
+/// removal does not touch GPU copies; sizes count the block once (§8.3).
+#[test]
+fn copies_keep_a_block_until_its_last_copy_is_removed() {
+    let mut ix = EventIndex::new(16);
+    let a = toks(0..16);
+    ix.stored(RANK0, &decoded_store(&[1], &a));
+    ix.stored(RANK0, &decoded_store(&[1], &a));
+    ix.stored(
+        RANK0,
+        &in_group(decoded_store(&[1], &a), Some(2), Some("full_attention")),
+    );
+    assert_eq!(ix.copies(RANK0, 1), 3);
+    assert_eq!((ix.stream_keys(RANK0), ix.worker_blocks(0)), (1, 1));
+    let mut cpu = removal(1, None);
+    cpu.medium = Some("CPU".into());
+    ix.removed(RANK0, &cpu);
+    assert_eq!(ix.copies(RANK0, 1), 3);
+    ix.removed(RANK0, &removal(1, None));
+    ix.removed(RANK0, &removal(1, Some(2)));
+    assert_eq!((ix.copies(RANK0, 1), held_in(&ix, 0, &a)), (1, 1));
+    assert_eq!(ix.stats_mut(RANK0).copies_kept, 2);
+    ix.check_invariants().unwrap();
+    ix.removed(RANK0, &removal(1, None));
+    assert_eq!((ix.copies(RANK0, 1), held_in(&ix, 0, &a)), (0, 0));
+    // Two DP ranks are separate streams: each holds its own copy.
+    let r1 = StreamId { worker: 0, rank: 1 };
+    ix.stored(RANK0, &decoded_store(&[1], &a));
+    ix.stored(r1, &decoded_store(&[1], &a));
+    ix.removed(r1, &removal(1, None));
+    assert_eq!((ix.copies(RANK0, 1), ix.copies(r1, 1)), (1, 0));
+    // A clear forgets copies.
+    ix.stored(RANK0, &decoded_store(&[1], &a));
+    ix.clear(RANK0);
+    assert_eq!(ix.copies(RANK0, 1), 0);
+    ix.check_invariants().unwrap();
+}
+
+/// An orphan relearn re-applies history: blocks held when it began keep their copies
+/// (store, store, remove of block 1 re-applied leave 1 copy); a block it relearns follows
+/// the rules (block 5's store, store, remove leave 1 copy).
+#[test]
+fn relearn_does_not_count_history_twice() {
+    let mut ix = EventIndex::new(16);
+    let a = toks(0..16);
+    let b = toks(500..516);
+    ix.stored(RANK0, &decoded_store(&[1], &a));
+    ix.stored(RANK0, &decoded_store(&[1], &a));
+    ix.removed(RANK0, &removal(1, None));
+    assert_eq!(ix.copies(RANK0, 1), 1);
+    ix.set_relearning(RANK0, true);
+    for _ in 0..2 {
+        ix.stored(RANK0, &decoded_store(&[1], &a));
+        ix.stored(RANK0, &decoded_store(&[5], &b));
+    }
+    ix.removed(RANK0, &removal(1, None));
+    ix.removed(RANK0, &removal(5, None));
+    assert_eq!((ix.copies(RANK0, 1), ix.copies(RANK0, 5)), (1, 1));
+    ix.set_relearning(RANK0, false);
+    ix.removed(RANK0, &removal(5, None));
+    ix.removed(RANK0, &removal(1, None));
+    assert_eq!(ix.stream_keys(RANK0), 0);
+    ix.check_invariants().unwrap();
+}
+
+/// A malformed partition field (P4: `lora_name` 7) drops the batch, counted twice (decode
+/// error, bad partition); the stream goes on.
+#[test]
+fn malformed_partition_batch_is_counted_and_dropped() {
+    let mut ix = EventIndex::new(16);
+    let mut c = Consumer::new();
+    let p4 = decode::tests::unhex(decode::tests::P4);
+    let g1 = decode::tests::unhex(decode::tests::G1);
+    let p1 = decode::tests::unhex(decode::tests::P1);
+    for (seq, payload) in [(0, &p4), (1, &g1), (2, &p1)] {
+        assert_eq!(c.handle(&mut ix, RANK0, Input::Live { seq, payload }), None);
+    }
+    let st = ix.stats_mut(RANK0).clone();
+    assert_eq!((st.batches, st.decode_errors, st.bad_partitions), (3, 1, 1));
+    assert_eq!(st.last_seq, Some(2));
+    let ns = event_namespace(Some("sql-lora"), Some("tenant-a"));
+    assert_eq!(held_in(&ix, ns, &toks(1..33)), 2);
 }

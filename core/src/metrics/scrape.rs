@@ -36,7 +36,7 @@ pub struct IndexSize {
 type Get = fn(&StreamStats) -> u64;
 
 /// The counters of each stream: name (without `kvroute_kv_events_` and `_total`), help, value.
-const STREAM_COUNTERS: [(&str, &str, Get); 11] = [
+const STREAM_COUNTERS: [(&str, &str, Get); 13] = [
     ("batches", "Event batches applied", |s| s.batches),
     ("events", "Events applied", |s| s.events),
     ("gaps", "Sequence gaps seen in the live stream", |s| s.gaps),
@@ -69,6 +69,17 @@ const STREAM_COUNTERS: [(&str, &str, Get); 11] = [
         "size_mismatches",
         "Stores skipped for a block size or token count that does not fit router blocks",
         |s| s.size_mismatches + s.length_mismatches,
+    ),
+    (
+        "bad_partitions",
+        "Batches dropped for a malformed partition or cache-group field",
+        |s| s.bad_partitions,
+    ),
+    (
+        "skipped_groups",
+        "Stores and removals of KV-cache groups that are not prefix groups (sliding window, \
+         Mamba, ...) or whose group is ambiguous, not applied",
+        |s| s.non_prefix_stores + s.non_prefix_removals + s.ambiguous_groups,
     ),
 ];
 

@@ -205,6 +205,10 @@ fn recorded() -> (Metrics, Workers) {
         restarts: 1,
         size_mismatches: 2,
         length_mismatches: 1,
+        bad_partitions: 2,
+        non_prefix_stores: 3,
+        non_prefix_removals: 1,
+        ambiguous_groups: 1,
         last_seq: Some(41),
         ..StreamStats::default()
     };
@@ -321,7 +325,13 @@ fn assert_recorded_values(p: &Parsed) {
         );
     }
     assert_eq!(c("kvroute_unannounced_hits_total", &[("worker", "1")]), 1.0);
-    let rs = [("restarts", 1.0), ("batches", 7.0), ("events", 21.0)];
+    let rs = [
+        ("restarts", 1.0),
+        ("batches", 7.0),
+        ("events", 21.0),
+        ("bad_partitions", 2.0),
+        ("skipped_groups", 5.0),
+    ];
     for (name, v) in rs {
         let sample = format!("kvroute_kv_events_{name}_total");
         assert_eq!(c(&sample, &[("worker", "1"), ("rank", "0")]), v, "{name}");

@@ -446,12 +446,17 @@ impl Router {
             Some(ids) => ids.len() as u64,
             None => (chars as f64 / self.params.chars_per_token).ceil() as u64,
         };
+        // Keys of the request's namespace: the event index roots each cache partition's
+        // chain at its namespace, so other partitions' blocks never match.
+        let block_keys = match (ids, &self.events) {
+            (Some(ids), Some(ev)) => ev.block_keys(key.namespace, ids),
+            (Some(ids), None) => kvroute_index::keys::block_keys_in(key.namespace, ids, block_size),
+            (None, _) => Vec::new(),
+        };
         Request {
             key,
             ids,
-            block_keys: ids.map_or_else(Vec::new, |ids| {
-                kvroute_index::keys::block_keys(ids, block_size)
-            }),
+            block_keys,
             prompt_tokens,
             chars,
             block_size,

@@ -88,8 +88,9 @@ impl PrefixIndex for EventReader {
         Unit::Tokens
     }
 
-    /// Engines' blocks are matched on router block keys; the namespace is not (yet) part of
-    /// the event index's keys, so `ns` is ignored here.
+    /// Engines' blocks are matched on router block keys, which carry the namespace already
+    /// (each partition's chain is rooted at it: [`EventReader::block_keys`]), so `ns` is not
+    /// read here: `q.block_keys` must be the request's keys in its namespace.
     fn overlaps(&self, _ns: Namespace, q: &Query<'_>) -> Vec<(TenantId, usize)> {
         let bs = self.block_size();
         let mut out: Vec<(TenantId, usize)> = Vec::new();

@@ -64,6 +64,82 @@ const G7: &str = "
 91c420202da172482d928bbc42ab25b0151e2b895f13f41002e27b2ceabcfae6
 d332eaa66d656469756da3435055";
 
+// Partition and group golden bytes: msgspec 0.23.0 output of mirrors of vLLM's
+// `BlockStored` / `BlockRemoved` (array_like as v0.23, and the map form) and SGLang's
+// `BlockStoredWithMetadata`, built per `kv-events.md` §3.3–§3.4 and §4 (same ts, hashes,
+// tokens as G1/G4).
+
+/// H1 — hybrid model, array form (vLLM after PR #40984, 178 B): one step in which group 0
+/// (`full_attention`) and group 1 (`sliding_window`, window 128) both store G1's block
+/// (same engine hash: the group id is stripped before publishing), then group 1 evicts it.
+pub(crate) const H1: &str = "
+93cb41d954fc40200000939cab426c6f636b53746f72656491cf2ceabcfae6d3
+32eac0dc00100102030405060708090a0b0c0d0e0f1010c0a3475055c0c000ae
+66756c6c5f617474656e74696f6ec09cab426c6f636b53746f72656491cf2cea
+bcfae6d332eac0dc00100102030405060708090a0b0c0d0e0f1010c0a3475055
+c0c001ae736c6964696e675f77696e646f77cc8094ac426c6f636b52656d6f76
+656491cf2ceabcfae6d332eaa34750550100";
+
+/// H2 — the same three events as H1 in map form (461 B).
+pub(crate) const H2: &str = "
+93cb41d954fc40200000938aa474797065ab426c6f636b53746f726564ac626c
+6f636b5f68617368657391cf2ceabcfae6d332eab1706172656e745f626c6f63
+6b5f68617368c0a9746f6b656e5f696473dc00100102030405060708090a0b0c
+0d0e0f10aa626c6f636b5f73697a6510a76c6f72615f6964c0a66d656469756d
+a3475055a96c6f72615f6e616d65c0a967726f75705f69647800b26b765f6361
+6368655f737065635f6b696e64ae66756c6c5f617474656e74696f6e8ba47479
+7065ab426c6f636b53746f726564ac626c6f636b5f68617368657391cf2ceabc
+fae6d332eab1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f69
+6473dc00100102030405060708090a0b0c0d0e0f10aa626c6f636b5f73697a65
+10a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0
+a967726f75705f69647801b26b765f63616368655f737065635f6b696e64ae73
+6c6964696e675f77696e646f77bc6b765f63616368655f737065635f736c6964
+696e675f77696e646f77cc8084a474797065ac426c6f636b52656d6f766564ac
+626c6f636b5f68617368657391cf2ceabcfae6d332eaa66d656469756da34750
+55a967726f75705f6964780100";
+
+/// H3 — `group_idx` without `kv_cache_spec_kind` (vLLM PR #37688 before #40984, 120 B):
+/// groups 0 and 1 store G1's block.
+pub(crate) const H3: &str = "
+93cb41d954fc40200000929cab426c6f636b53746f72656491cf2ceabcfae6d3
+32eac0dc00100102030405060708090a0b0c0d0e0f1010c0a3475055c0c000c0
+c09cab426c6f636b53746f72656491cf2ceabcfae6d332eac0dc001001020304
+05060708090a0b0c0d0e0f1010c0a3475055c0c001c0c000";
+
+/// P1 — LoRA and cache salt, array form (142 B): `lora_name` "sql-lora", two blocks (G1's and
+/// G4's tokens), `extra_keys` `[("sql-lora", "tenant-a"), ("sql-lora",)]` (vLLM: the LoRA
+/// name in every block, the salt in the sequence's first only), group 0 full attention.
+pub(crate) const P1: &str = "
+93cb41d954fc40200000919cab426c6f636b53746f72656492cf2ceabcfae6d3
+32eacf26470bbec927f5bfc0dc00200102030405060708090a0b0c0d0e0f1011
+12131415161718191a1b1c1d1e1f201003a3475055a873716c2d6c6f72619292
+a873716c2d6c6f7261a874656e616e742d6191a873716c2d6c6f726100ae6675
+6c6c5f617474656e74696f6ec000";
+
+/// P2 — salt only, map form (219 B): `extra_keys` `[(("img-1", 4), "tenant-a")]` (a
+/// multimodal key, then the salt).
+pub(crate) const P2: &str = "
+93cb41d954fc40200000918ba474797065ab426c6f636b53746f726564ac626c
+6f636b5f68617368657391cf2ceabcfae6d332eab1706172656e745f626c6f63
+6b5f68617368c0a9746f6b656e5f696473dc00100102030405060708090a0b0c
+0d0e0f10aa626c6f636b5f73697a6510a76c6f72615f6964c0a66d656469756d
+a3475055a96c6f72615f6e616d65c0aa65787472615f6b657973919292a5696d
+672d3104a874656e616e742d61a967726f75705f69647800b26b765f63616368
+655f737065635f6b696e64ae66756c6c5f617474656e74696f6e00";
+
+/// P3 — SGLang `BlockStoredWithMetadata`, array form (79 B): field 7 is
+/// `metadata: {cache_salt: "tenant-a"}`, batch rank nil.
+pub(crate) const P3: &str = "
+93cb41d954fc402000009198ab426c6f636b53746f72656491cf2ceabcfae6d3
+32eac0dc00100102030405060708090a0b0c0d0e0f1010c0c081aa6361636865
+5f73616c74a874656e616e742d61c0";
+
+/// P4 — malformed (66 B): `lora_name` is the int 7.
+pub(crate) const P4: &str = "
+93cb41d954fc40200000919cab426c6f636b53746f72656491cf2ceabcfae6d3
+32eac0dc00100102030405060708090a0b0c0d0e0f1010c0a347505507c0c0c0
+c000";
+
 fn stored_b0(medium: Option<&str>) -> KvEvent {
     KvEvent::Stored(BlockStored {
         block_hashes: vec![B0],
@@ -72,6 +148,7 @@ fn stored_b0(medium: Option<&str>) -> KvEvent {
         block_size: 16,
         medium: medium.map(str::to_owned),
         lora_name: None,
+        ..Default::default()
     })
 }
 
@@ -79,7 +156,24 @@ fn removed(hashes: Vec<u64>, medium: Option<&str>) -> KvEvent {
     KvEvent::Removed(BlockRemoved {
         block_hashes: hashes,
         medium: medium.map(str::to_owned),
+        ..Default::default()
     })
+}
+
+/// `ev` with the group fields G1 and G4 carry: group 0, `full_attention`.
+fn in_group0(ev: KvEvent) -> KvEvent {
+    match ev {
+        KvEvent::Stored(mut s) => {
+            s.group_idx = Some(0);
+            s.kv_cache_spec_kind = Some("full_attention".into());
+            KvEvent::Stored(s)
+        }
+        KvEvent::Removed(mut r) => {
+            r.group_idx = Some(0);
+            KvEvent::Removed(r)
+        }
+        e => e,
+    }
 }
 
 /// Wraps one event's bytes in an array batch `[TS, [event], 0]`.
@@ -102,21 +196,32 @@ fn g1_map_events_decode() {
     assert_eq!(
         b.events,
         vec![
-            stored_b0(Some("GPU")),
-            removed(vec![B0], Some("GPU")),
+            in_group0(stored_b0(Some("GPU"))),
+            in_group0(removed(vec![B0], Some("GPU"))),
             KvEvent::AllCleared
         ]
     );
 }
 
-/// B26: legacy array events decode to the same events as G1.
+/// B26: legacy array events decode to the same events as G1, except that their group fields
+/// are nil (the legacy single group).
 #[test]
 fn g2_legacy_array_events_decode_like_g1() {
     let bytes = unhex(G2);
     assert_eq!(bytes.len(), 111);
+    let g2 = decode_batch(&bytes).unwrap();
+    let g1 = decode_batch(&unhex(G1)).unwrap();
     assert_eq!(
-        decode_batch(&bytes).unwrap(),
-        decode_batch(&unhex(G1)).unwrap()
+        g2.events,
+        vec![
+            stored_b0(Some("GPU")),
+            removed(vec![B0], Some("GPU")),
+            KvEvent::AllCleared
+        ]
+    );
+    assert_eq!(
+        g2.events.into_iter().map(in_group0).collect::<Vec<_>>(),
+        g1.events
     );
 }
 
@@ -143,7 +248,9 @@ fn g4_child_block_map_form() {
             token_ids: (17..=32).collect(),
             block_size: 16,
             medium: Some("GPU".into()),
-            lora_name: None,
+            group_idx: Some(0),
+            kv_cache_spec_kind: Some("full_attention".into()),
+            ..Default::default()
         })]
     );
 }
@@ -167,6 +274,7 @@ fn g5_sglang_negative_hash() {
                 block_size: 16,
                 medium: Some("GPU".into()),
                 lora_name: None,
+                ..Default::default()
             }),
             removed(vec![h], Some("GPU")),
         ]
@@ -181,6 +289,214 @@ fn g6_map_batch() {
     assert_eq!(b.ts, TS);
     assert_eq!(b.dp_rank, Some(0));
     assert_eq!(b.events, vec![KvEvent::AllCleared]);
+}
+
+/// The stored and removed events of H1 / H2.
+fn hybrid_events() -> Vec<KvEvent> {
+    let store = |g: u32, kind: &str, window: Option<u32>| {
+        KvEvent::Stored(BlockStored {
+            block_hashes: vec![B0],
+            token_ids: (1..=16).collect(),
+            block_size: 16,
+            medium: Some("GPU".into()),
+            group_idx: Some(g),
+            kv_cache_spec_kind: Some(kind.into()),
+            kv_cache_spec_sliding_window: window,
+            ..Default::default()
+        })
+    };
+    vec![
+        store(0, "full_attention", None),
+        store(1, "sliding_window", Some(128)),
+        KvEvent::Removed(BlockRemoved {
+            block_hashes: vec![B0],
+            medium: Some("GPU".into()),
+            group_idx: Some(1),
+            kv_cache_spec_kind: None,
+        }),
+    ]
+}
+
+/// Hybrid models: group index, kind and window decode by position (array) and by name (map)
+/// to the same events.
+#[test]
+fn h1_h2_hybrid_groups_decode_in_both_forms() {
+    let h1 = unhex(H1);
+    let h2 = unhex(H2);
+    assert_eq!((h1.len(), h2.len()), (178, 461));
+    assert_eq!(decode_batch(&h1).unwrap().events, hybrid_events());
+    assert_eq!(decode_batch(&h2).unwrap().events, hybrid_events());
+}
+
+/// Groups without a kind decode with `kv_cache_spec_kind` `None`.
+#[test]
+fn h3_groups_without_kind() {
+    let b = decode_batch(&unhex(H3)).unwrap();
+    let groups: Vec<_> = b
+        .events
+        .iter()
+        .map(|e| match e {
+            KvEvent::Stored(s) => (s.group_idx, s.kv_cache_spec_kind.clone()),
+            e => panic!("{e:?}"),
+        })
+        .collect();
+    assert_eq!(groups, vec![(Some(0), None), (Some(1), None)]);
+}
+
+/// The partition fields: LoRA name (field 7), salt from block 0's extra keys (after the
+/// leading LoRA name; multimodal keys skipped), SGLang's metadata map.
+#[test]
+fn p1_p2_p3_partition_fields() {
+    let KvEvent::Stored(p1) = &decode_batch(&unhex(P1)).unwrap().events[0] else {
+        panic!()
+    };
+    assert_eq!(p1.block_hashes, vec![B0, B1]);
+    assert_eq!(p1.lora_name.as_deref(), Some("sql-lora"));
+    assert_eq!(p1.cache_salt.as_deref(), Some("tenant-a"));
+    let KvEvent::Stored(p2) = &decode_batch(&unhex(P2)).unwrap().events[0] else {
+        panic!()
+    };
+    assert_eq!(
+        (p2.lora_name.as_deref(), p2.cache_salt.as_deref()),
+        (None, Some("tenant-a"))
+    );
+    let p3 = decode_batch(&unhex(P3)).unwrap();
+    assert_eq!(p3.dp_rank, None);
+    let KvEvent::Stored(p3) = &p3.events[0] else {
+        panic!()
+    };
+    assert_eq!(
+        (p3.lora_name.as_deref(), p3.cache_salt.as_deref()),
+        (None, Some("tenant-a"))
+    );
+    assert_eq!(p3.medium, None);
+}
+
+/// Partition fields in the map form by name: top-level `cache_salt` wins over `metadata`,
+/// which wins over `extra_keys`; empty strings are unset; a salt without a LoRA name that
+/// equals it is kept.
+#[test]
+fn partition_fields_by_name_and_precedence() {
+    let s = |x: &str| Value::from(x);
+    let ev = |extra: Vec<(Value, Value)>| {
+        let mut m = vec![
+            (s("type"), s("BlockStored")),
+            (s("block_hashes"), Value::Array(vec![Value::from(1u64)])),
+            (s("parent_block_hash"), Value::Nil),
+            (s("token_ids"), Value::Array(vec![])),
+            (s("block_size"), Value::from(16u64)),
+            (s("lora_id"), Value::Nil),
+            (s("medium"), Value::Nil),
+            (s("lora_name"), Value::Nil),
+        ];
+        m.retain(|(k, _)| !extra.iter().any(|(e, _)| e == k));
+        m.extend(extra);
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &Value::Map(m)).unwrap();
+        let KvEvent::Stored(st) = decode_batch(&batch_of(&out)).unwrap().events.remove(0) else {
+            panic!()
+        };
+        (st.lora_name, st.cache_salt)
+    };
+    let extra = |keys: Vec<Value>| (s("extra_keys"), Value::Array(vec![Value::Array(keys)]));
+    let meta = |salt: &str| (s("metadata"), Value::Map(vec![(s("cache_salt"), s(salt))]));
+    assert_eq!(ev(vec![extra(vec![s("x")])]), (None, Some("x".into())));
+    assert_eq!(
+        ev(vec![meta("m"), extra(vec![s("x")])]),
+        (None, Some("m".into()))
+    );
+    assert_eq!(
+        ev(vec![(s("cache_salt"), s("t")), meta("m")]),
+        (None, Some("t".into()))
+    );
+    assert_eq!(ev(vec![(s("cache_salt"), s(""))]), (None, None));
+    // With lora_name "a", a leading "a" in the extra keys is the LoRA's, the next string the salt.
+    let named = vec![(s("lora_name"), s("a")), extra(vec![s("a"), s("a")])];
+    assert_eq!(ev(named), (Some("a".into()), Some("a".into())));
+    // Without the LoRA name, the same keys name two salts: malformed.
+    let two = extra(vec![s("a"), s("b")]);
+    let mut out = Vec::new();
+    let m = vec![
+        (s("type"), s("BlockStored")),
+        (s("block_hashes"), Value::Array(vec![])),
+        two,
+    ];
+    rmpv::encode::write_value(&mut out, &Value::Map(m)).unwrap();
+    assert!(matches!(
+        decode_batch(&batch_of(&out)),
+        Err(DecodeError::BadPartition {
+            field: "extra_keys",
+            ..
+        })
+    ));
+    assert_eq!(
+        ev(vec![extra(vec![Value::Binary(vec![1, 2])])]),
+        (None, None)
+    );
+}
+
+/// Malformed partition or group fields drop the batch with `BadPartition` (counted by the
+/// consumer), never a silent wrong partition.
+#[test]
+fn malformed_partition_fields_are_errors() {
+    assert_eq!(
+        decode_batch(&unhex(P4)),
+        Err(DecodeError::BadPartition {
+            index: 0,
+            tag: "BlockStored",
+            field: "lora_name"
+        })
+    );
+    let s = |x: &str| Value::from(x);
+    let stored = |pos: usize, v: Value| {
+        let mut a = vec![
+            s("BlockStored"),
+            Value::Array(vec![Value::from(1u64)]),
+            Value::Nil,
+            Value::Array(vec![]),
+            Value::from(16u64),
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+        ];
+        a[pos] = v;
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &Value::Array(a)).unwrap();
+        decode_batch(&batch_of(&out))
+    };
+    let bad = |field| {
+        Err(DecodeError::BadPartition {
+            index: 0,
+            tag: "BlockStored",
+            field,
+        })
+    };
+    let two_salts = Value::Array(vec![Value::Array(vec![s("x"), s("y")])]);
+    assert_eq!(stored(8, two_salts), bad("extra_keys"));
+    assert_eq!(stored(8, s("x")), bad("extra_keys"));
+    assert_eq!(stored(8, Value::Array(vec![s("x")])), bad("extra_keys"));
+    assert_eq!(stored(9, s("0")), bad("group_idx"));
+    assert_eq!(stored(9, Value::from(-1i64)), bad("group_idx"));
+    assert_eq!(stored(10, Value::from(3u64)), bad("kv_cache_spec_kind"));
+    assert_eq!(stored(11, s("w")), bad("kv_cache_spec_sliding_window"));
+    let meta = Value::Map(vec![(s("cache_salt"), Value::from(5u64))]);
+    assert_eq!(stored(7, meta), bad("metadata"));
+    assert!(stored(9, Value::from(2u64)).is_ok());
+    let removed = unhex(
+        "93cb41d954fc402000009194ac426c6f636b52656d6f76656491cf2ceabcfae6d332eaa3475055a17800",
+    );
+    assert_eq!(
+        decode_batch(&removed),
+        Err(DecodeError::BadPartition {
+            index: 0,
+            tag: "BlockRemoved",
+            field: "group_idx"
+        })
+    );
 }
 
 /// B27: a 32-byte `bin` digest normalises to its last 8 bytes, the same key as G1.
@@ -266,6 +582,7 @@ fn unknown_tags_keys_and_trailing_fields_are_ignored() {
                 block_size: 4,
                 medium: None,
                 lora_name: None,
+                ..Default::default()
             }),
             removed(vec![7], None),
         ]
