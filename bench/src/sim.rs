@@ -851,3 +851,58 @@ mod tests {
         assert!("cache_awre".parse::<Run>().is_err());
     }
 }
+
+#[cfg(test)]
+mod calibration_tests {
+    use super::*;
+    use crate::trace::WordIds;
+
+    fn prompts() -> PromptBuilder {
+        let letter = |i: u32| char::from(b'a' + i as u8);
+        let vocab: Vec<(u32, String)> = (0..64u32)
+            .map(|i| (100 + i, format!("Ġwx{}{}", letter(i / 8), letter(i % 8))))
+            .collect();
+        PromptBuilder::new(WordIds::from_vocab(vocab).unwrap(), 0)
+    }
+
+    /// Requests far apart on one engine (each alone, nothing decoding): the learned curve
+    /// is the engine's own within 10 % at 1k / 8k / 32k new tokens.
+    #[test]
+    fn alone_requests_teach_the_true_curve() {
+        let mut s = 3u64;
+        let records: Vec<TraceRecord> = (0..150u64)
+            .map(|i| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let blocks = 1 + (s >> 33) % 60;
+                TraceRecord {
+                    timestamp_ms: i * 60_000,
+                    input_length: (blocks * 512) as u32,
+                    output_length: 1,
+                    hash_ids: (0..blocks).map(|b| 1_000_000 * (i + 1) + b).collect(),
+                }
+            })
+            .collect();
+        let cfg = SimConfig {
+            engines: 1,
+            engine: EngineConfig {
+                num_gpu_blocks: 400_000,
+                ..EngineConfig::default()
+            },
+            router: Config {
+                policy: PolicyKind::PredictedTtft,
+                ..Config::default()
+            },
+            routing: Routing::Events,
+            time_scale: 1.0,
+            seed: DEFAULT_SEED,
+            event_delay_ms: DEFAULT_EVENT_DELAY_MS,
+            replicas: 1,
+        };
+        let rep = simulate(&records, &prompts(), &cfg).unwrap();
+        let c = rep.learned[0];
+        let truth = [32.49, 169.14, 4.0 * 169.14];
+        for (got, want) in c.ms.iter().zip(truth) {
+            assert!((got - want).abs() / want < 0.1, "{c:?}");
+        }
+    }
+}
