@@ -1,10 +1,17 @@
 //! KV block manager: an active pool (refcounted), an inactive LRU pool of cached full blocks,
 //! and free space. Source: `engine-model.md` §2, vLLM V1 `KVCacheManager` / `BlockPool`,
 //! Dynamo mocker `KvManager`.
+//!
+//! Every cached block is one entry of one hash map (its refcount, and its node in the LRU
+//! list while inactive); the LRU is an intrusive doubly linked list in a slab, so each
+//! operation is one map lookup plus O(1) list work (vLLM's `FreeKVCacheBlockQueue` is the
+//! same list).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::fasthash::FastHash;
 
 /// Opaque engine hash of one *full* block, chained over the whole prefix up to and including
 /// the block. Deliberately unrelated to the router's own block keys (`engine-model.md` §1
@@ -15,19 +22,35 @@ pub type BlockHash = u64;
 /// router hash over the same tokens.
 const HASH_SEED: u64 = u64::from_be_bytes(*b"kvengine");
 
+/// Tokens of a block [`hash_block`] hashes from a stack buffer (larger blocks allocate).
+const STACK_BLOCK_TOKENS: usize = 64;
+
 /// Hash of a full block: xxh3-64 over the parent hash (8 bytes LE, omitted at the root)
 /// followed by the block's token ids (4 bytes LE each), seeded with `"kvengine"`.
 /// `tokens` is exactly one block (`block_size` tokens). Deterministic across runs and
 /// platforms. Source: vLLM chains `hash(parent, tokens, extra)`; the function is our own.
 pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
-    let mut bytes = Vec::with_capacity(8 + 4 * tokens.len());
-    if let Some(p) = parent {
-        bytes.extend_from_slice(&p.to_le_bytes());
+    fn fill(buf: &mut [u8], parent: Option<BlockHash>, tokens: &[u32]) -> usize {
+        let mut n = 0;
+        if let Some(p) = parent {
+            buf[..8].copy_from_slice(&p.to_le_bytes());
+            n = 8;
+        }
+        for t in tokens {
+            buf[n..n + 4].copy_from_slice(&t.to_le_bytes());
+            n += 4;
+        }
+        n
     }
-    for t in tokens {
-        bytes.extend_from_slice(&t.to_le_bytes());
+    if tokens.len() <= STACK_BLOCK_TOKENS {
+        let mut buf = [0u8; 8 + 4 * STACK_BLOCK_TOKENS];
+        let n = fill(&mut buf, parent, tokens);
+        xxh3_64_with_seed(&buf[..n], HASH_SEED)
+    } else {
+        let mut buf = vec![0u8; 8 + 4 * tokens.len()];
+        let n = fill(&mut buf, parent, tokens);
+        xxh3_64_with_seed(&buf[..n], HASH_SEED)
     }
-    xxh3_64_with_seed(&bytes, HASH_SEED)
 }
 
 /// Appends to `hashes` the chained hashes of the full blocks of `tokens` not yet hashed:
@@ -35,6 +58,7 @@ pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
 /// hashes of a prefix of `tokens` (as returned by earlier calls).
 pub fn extend_block_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], block_size: usize) {
     let full = tokens.len() / block_size;
+    hashes.reserve(full.saturating_sub(hashes.len()));
     while hashes.len() < full {
         let i = hashes.len();
         let parent = i.checked_sub(1).map(|p| hashes[p]);
@@ -80,51 +104,110 @@ pub struct OutOfBlocks {
     pub available: usize,
 }
 
-/// Inactive pool: cached full blocks with refcount 0, ordered least recently released first.
-#[derive(Debug, Default)]
+/// End of list / no node.
+const NIL: u32 = u32::MAX;
+
+/// One node of the inactive list.
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    hash: BlockHash,
+    prev: u32,
+    next: u32,
+}
+
+/// Inactive pool order: a doubly linked list of hashes in a slab, least recently released
+/// first (head). Nodes are addressed by slot; freed slots are reused.
+#[derive(Debug)]
 struct Lru {
-    stamp_of: HashMap<BlockHash, u64>,
-    by_stamp: BTreeMap<u64, BlockHash>,
-    next_stamp: u64,
+    nodes: Vec<Node>,
+    free: Vec<u32>,
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+impl Default for Lru {
+    fn default() -> Self {
+        Self {
+            nodes: Vec::new(),
+            free: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        }
+    }
 }
 
 impl Lru {
-    fn len(&self) -> usize {
-        self.stamp_of.len()
-    }
-    fn contains(&self, h: BlockHash) -> bool {
-        self.stamp_of.contains_key(&h)
-    }
-    fn push_tail(&mut self, h: BlockHash) {
-        let s = self.next_stamp;
-        self.next_stamp += 1;
-        let old = self.stamp_of.insert(h, s);
-        debug_assert!(old.is_none(), "block pushed twice to the inactive pool");
-        self.by_stamp.insert(s, h);
-    }
-    fn remove(&mut self, h: BlockHash) -> bool {
-        match self.stamp_of.remove(&h) {
+    /// Appends `h` at the tail; returns its slot.
+    fn push_tail(&mut self, h: BlockHash) -> u32 {
+        let node = Node {
+            hash: h,
+            prev: self.tail,
+            next: NIL,
+        };
+        let slot = match self.free.pop() {
             Some(s) => {
-                self.by_stamp.remove(&s);
-                true
+                self.nodes[s as usize] = node;
+                s
             }
-            None => false,
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        match self.tail {
+            NIL => self.head = slot,
+            t => self.nodes[t as usize].next = slot,
         }
+        self.tail = slot;
+        self.len += 1;
+        slot
     }
+
+    /// Unlinks `slot` (which must be linked) and frees it; returns its hash.
+    fn unlink(&mut self, slot: u32) -> BlockHash {
+        let Node { hash, prev, next } = self.nodes[slot as usize];
+        match prev {
+            NIL => self.head = next,
+            p => self.nodes[p as usize].next = next,
+        }
+        match next {
+            NIL => self.tail = prev,
+            n => self.nodes[n as usize].prev = prev,
+        }
+        self.free.push(slot);
+        self.len -= 1;
+        hash
+    }
+
     fn pop_head(&mut self) -> Option<BlockHash> {
-        let (_, h) = self.by_stamp.pop_first()?;
-        self.stamp_of.remove(&h);
-        Some(h)
+        (self.head != NIL).then(|| self.unlink(self.head))
     }
-    fn clear(&mut self) -> usize {
-        let n = self.len();
-        self.stamp_of.clear();
-        self.by_stamp.clear();
-        n
+
+    fn clear(&mut self) {
+        *self = Self::default();
     }
+
+    /// Hashes from head to tail.
     fn iter_lru(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.by_stamp.values().copied()
+        let mut at = self.head;
+        std::iter::from_fn(move || {
+            (at != NIL).then(|| {
+                let n = self.nodes[at as usize];
+                at = n.next;
+                n.hash
+            })
+        })
     }
+}
+
+/// A cached full block: its refcount, and its slot in the inactive list when the refcount
+/// is 0.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    refcount: u32,
+    slot: u32,
 }
 
 /// Block manager of one engine rank.
@@ -133,13 +216,15 @@ impl Lru {
 /// the **active** pool (full block, keyed by hash, refcount ≥ 1), **private** (a partial or
 /// not-yet-filled block owned by one request; counted, never hashed or cached), the
 /// **inactive** pool (full cached block, refcount 0, evictable, LRU order) or free space.
+/// Both pools are the entries of one map (`cached`); inactive entries also sit in `inactive`.
 ///
 /// # Invariants
-/// 1. `active` and `inactive` are disjoint (a hash is cached at most once: identical full
-///    blocks are merged).
-/// 2. Every refcount in `active` is ≥ 1.
-/// 3. `active.len() + private + inactive.len() ≤ num_gpu_blocks`.
-/// 4. The inactive pool's two indexes agree (same hashes, one stamp each).
+/// 1. A hash is cached at most once (identical full blocks are merged): one entry, active
+///    (refcount ≥ 1, no list node) or inactive (refcount 0, one list node).
+/// 2. `active` counts the entries with refcount ≥ 1.
+/// 3. `active + private + inactive ≤ num_gpu_blocks`.
+/// 4. The inactive list and the map agree (same hashes, each entry's slot holds its hash,
+///    the links are consistent both ways).
 ///
 /// Refcounts matching the requests that hold blocks is checked one level up, by
 /// `Scheduler::check_invariants`.
@@ -147,7 +232,8 @@ impl Lru {
 pub struct BlockManager {
     block_size: usize,
     num_gpu_blocks: usize,
-    active: HashMap<BlockHash, u32>,
+    cached: HashMap<BlockHash, Entry, FastHash>,
+    active: usize,
     private: usize,
     inactive: Lru,
     evicted_total: u64,
@@ -164,7 +250,8 @@ impl BlockManager {
         Self {
             block_size,
             num_gpu_blocks,
-            active: HashMap::new(),
+            cached: HashMap::default(),
+            active: 0,
             private: 0,
             inactive: Lru::default(),
             evicted_total: 0,
@@ -184,12 +271,12 @@ impl BlockManager {
 
     /// Blocks held by requests (active full blocks + private blocks).
     pub fn num_used(&self) -> usize {
-        self.active.len() + self.private
+        self.active + self.private
     }
 
     /// Cached evictable blocks (inactive pool).
     pub fn num_inactive(&self) -> usize {
-        self.inactive.len()
+        self.inactive.len
     }
 
     /// Blocks that can be handed out now: free space plus evictable cached blocks.
@@ -206,17 +293,13 @@ impl BlockManager {
 
     /// Cached full blocks (active + inactive).
     pub fn num_cached(&self) -> usize {
-        self.active.len() + self.inactive.len()
+        self.cached.len()
     }
 
     /// Hashes of every cached full block (active and inactive), unordered: the ground truth
     /// an event consumer's index is compared with.
     pub fn cached_hashes(&self) -> Vec<BlockHash> {
-        self.active
-            .keys()
-            .copied()
-            .chain(self.inactive.iter_lru())
-            .collect()
+        self.cached.keys().copied().collect()
     }
 
     /// Blocks evicted since start (each produced one hash in a [`BlockEvent::Removed`]).
@@ -231,12 +314,12 @@ impl BlockManager {
 
     /// Whether the full block `h` is cached (active or inactive).
     pub fn is_cached(&self, h: BlockHash) -> bool {
-        self.active.contains_key(&h) || self.inactive.contains(h)
+        self.cached.contains_key(&h)
     }
 
     /// Refcount of `h` (0 when inactive or absent).
     pub fn refcount(&self, h: BlockHash) -> u32 {
-        self.active.get(&h).copied().unwrap_or(0)
+        self.cached.get(&h).map_or(0, |e| e.refcount)
     }
 
     /// Inactive hashes from LRU head (next to evict) to tail.
@@ -263,7 +346,7 @@ impl BlockManager {
     pub fn count_inactive(&self, hashes: &[BlockHash]) -> usize {
         hashes
             .iter()
-            .filter(|h| self.inactive.contains(**h))
+            .filter(|h| self.cached.get(h).is_some_and(|e| e.refcount == 0))
             .count()
     }
 
@@ -274,25 +357,22 @@ impl BlockManager {
     /// If a hash is not cached (callers pass the result of [`Self::lookup_prefix`]).
     pub fn take_cached(&mut self, hashes: &[BlockHash]) {
         for &h in hashes {
-            self.acquire(h);
-            assert!(
-                self.active.contains_key(&h),
-                "take_cached: block not cached"
-            );
+            assert!(self.acquire(h), "take_cached: block not cached");
         }
     }
 
     /// refcount + 1 if `h` is cached (moving it out of the inactive pool); false if absent.
     fn acquire(&mut self, h: BlockHash) -> bool {
-        if let Some(rc) = self.active.get_mut(&h) {
-            *rc += 1;
-            true
-        } else if self.inactive.remove(h) {
-            self.active.insert(h, 1);
-            true
-        } else {
-            false
+        let Some(e) = self.cached.get_mut(&h) else {
+            return false;
+        };
+        if e.refcount == 0 {
+            self.inactive.unlink(e.slot);
+            e.slot = NIL;
+            self.active += 1;
         }
+        e.refcount += 1;
+        true
     }
 
     /// Allocates `n` private blocks: free space first, then evicting the inactive LRU head.
@@ -312,14 +392,15 @@ impl BlockManager {
                 available,
             });
         }
-        let free = available - self.inactive.len();
-        let mut removed = Vec::new();
-        for _ in free..n {
-            let h = self.inactive.pop_head().expect("counted as available");
-            removed.push(h);
-        }
-        self.evicted_total += removed.len() as u64;
-        if !removed.is_empty() {
+        let free = available - self.inactive.len;
+        if n > free {
+            let mut removed = Vec::with_capacity(n - free);
+            for _ in free..n {
+                let h = self.inactive.pop_head().expect("counted as available");
+                self.cached.remove(&h);
+                removed.push(h);
+            }
+            self.evicted_total += removed.len() as u64;
             events.push(BlockEvent::Removed { hashes: removed });
         }
         self.private += n;
@@ -339,7 +420,14 @@ impl BlockManager {
         if self.acquire(h) {
             false
         } else {
-            self.active.insert(h, 1);
+            self.cached.insert(
+                h,
+                Entry {
+                    refcount: 1,
+                    slot: NIL,
+                },
+            );
+            self.active += 1;
             self.stored_total += 1;
             true
         }
@@ -359,11 +447,15 @@ impl BlockManager {
         );
         self.private -= private;
         for &h in full.iter().rev() {
-            let rc = self.active.get_mut(&h).expect("released block not active");
-            *rc -= 1;
-            if *rc == 0 {
-                self.active.remove(&h);
-                self.inactive.push_tail(h);
+            let e = self
+                .cached
+                .get_mut(&h)
+                .filter(|e| e.refcount > 0)
+                .expect("released block not active");
+            e.refcount -= 1;
+            if e.refcount == 0 {
+                e.slot = self.inactive.push_tail(h);
+                self.active -= 1;
             }
         }
     }
@@ -374,32 +466,57 @@ impl BlockManager {
         if self.num_used() > 0 {
             return None;
         }
-        Some(self.inactive.clear())
+        // Nothing is active, so every entry is inactive.
+        let n = self.inactive.len;
+        self.cached.clear();
+        self.inactive.clear();
+        Some(n)
     }
 
     /// Checks invariants 1–4; the error names the broken one.
     #[cfg(test)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        for h in self.active.keys() {
-            if self.inactive.contains(*h) {
-                return Err(format!("1: block {h:#x} both active and inactive"));
+        let mut active = 0;
+        let mut inactive = 0;
+        for (h, e) in &self.cached {
+            if e.refcount > 0 {
+                active += 1;
+                if e.slot != NIL {
+                    return Err(format!("1: active block {h:#x} has a list node"));
+                }
+            } else {
+                inactive += 1;
+                let n = self.inactive.nodes.get(e.slot as usize);
+                if n.is_none_or(|n| n.hash != *h) {
+                    return Err(format!("4: inactive block {h:#x} not at its slot"));
+                }
             }
         }
-        if let Some((h, _)) = self.active.iter().find(|(_, rc)| **rc == 0) {
-            return Err(format!("2: active block {h:#x} has refcount 0"));
+        if active != self.active {
+            return Err(format!("2: {active} active entries, counted {}", self.active));
         }
-        let used = self.active.len() + self.private + self.inactive.len();
+        let used = self.active + self.private + self.inactive.len;
         if used > self.num_gpu_blocks {
             return Err(format!("3: {used} blocks in use > {}", self.num_gpu_blocks));
         }
-        if self.inactive.stamp_of.len() != self.inactive.by_stamp.len()
-            || self
-                .inactive
-                .by_stamp
-                .iter()
-                .any(|(s, h)| self.inactive.stamp_of.get(h) != Some(s))
+        // Walk the list both ways.
+        let forward: Vec<BlockHash> = self.inactive.iter_lru().collect();
+        let mut backward = Vec::new();
+        let mut at = self.inactive.tail;
+        while at != NIL && backward.len() <= forward.len() {
+            let n = self.inactive.nodes[at as usize];
+            backward.push(n.hash);
+            at = n.prev;
+        }
+        backward.reverse();
+        if forward.len() != inactive || self.inactive.len != inactive || forward != backward {
+            return Err("4: inactive list and map disagree".into());
+        }
+        if forward
+            .iter()
+            .any(|h| self.cached.get(h).is_none_or(|e| e.refcount != 0))
         {
-            return Err("4: inactive LRU indexes disagree".into());
+            return Err("4: listed block not inactive".into());
         }
         Ok(())
     }

@@ -5,6 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::blocks::{BlockEvent, BlockHash, BlockManager, extend_block_hashes};
+use crate::fasthash::FastHash;
 
 /// Scheduler limits, validated by `EngineCore::new`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -110,7 +111,7 @@ fn blocks_for(tokens: usize, bs: usize) -> usize {
 pub struct Scheduler {
     cfg: SchedulerConfig,
     blocks: BlockManager,
-    pub(crate) requests: HashMap<u64, Request>,
+    pub(crate) requests: HashMap<u64, Request, FastHash>,
     waiting: VecDeque<u64>,
     running: Vec<u64>,
     counters: Counters,
@@ -122,7 +123,7 @@ impl Scheduler {
         Self {
             cfg,
             blocks,
-            requests: HashMap::new(),
+            requests: HashMap::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             counters: Counters::default(),
