@@ -336,15 +336,15 @@ impl PromptBuilder {
         let len = r.input_length as usize;
         let mut ids = Vec::with_capacity(len);
         let mut text = with_text.then(|| String::with_capacity(len * (WORD_MAX_LETTERS + 1)));
-        let mut emit = |ns: u32, id: u64, n: usize| {
-            let before = ids.len();
-            ids.extend(self.words.indices(ns, id, n).map(|i| i as u32));
-            for w in &mut ids[before..] {
-                if let Some(t) = text.as_mut() {
-                    t.push_str(&self.words.words[*w as usize]);
+        let (table, words) = (&self.words.ids, &self.words.words);
+        let mut emit = |ns: u32, id: u64, n: usize| match text.as_mut() {
+            Some(t) => {
+                for i in self.words.indices(ns, id, n) {
+                    ids.push(table[i]);
+                    t.push_str(&words[i]);
                 }
-                *w = self.words.ids[*w as usize];
             }
+            None => ids.extend(self.words.indices(ns, id, n).map(|i| table[i])),
         };
         let b = self.block_tokens;
         for (i, &id) in r.hash_ids.iter().enumerate() {

@@ -104,6 +104,9 @@ pub struct OutOfBlocks {
     pub available: usize,
 }
 
+/// Most blocks whose map room [`BlockManager::new`] reserves up front (16 MiB of map).
+const PRESIZE_MAX_BLOCKS: usize = 1 << 20;
+
 /// End of list / no node.
 const NIL: u32 = u32::MAX;
 
@@ -250,7 +253,12 @@ impl BlockManager {
         Self {
             block_size,
             num_gpu_blocks,
-            cached: HashMap::default(),
+            // Sized for a full cache up front (capped for huge pools): growing the map by
+            // rehashing was a visible share of a long simulation.
+            cached: HashMap::with_capacity_and_hasher(
+                num_gpu_blocks.min(PRESIZE_MAX_BLOCKS),
+                FastHash::default(),
+            ),
             active: 0,
             private: 0,
             inactive: Lru::default(),
@@ -417,19 +425,27 @@ impl BlockManager {
     pub fn fill_private(&mut self, h: BlockHash) -> bool {
         assert!(self.private > 0, "fill_private without a private block");
         self.private -= 1;
-        if self.acquire(h) {
-            false
-        } else {
-            self.cached.insert(
-                h,
-                Entry {
+        self.active += 1; // either way one more block is held; undone for an active merge
+        match self.cached.entry(h) {
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                let e = o.get_mut();
+                if e.refcount == 0 {
+                    self.inactive.unlink(e.slot);
+                    e.slot = NIL;
+                } else {
+                    self.active -= 1;
+                }
+                e.refcount += 1;
+                false
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Entry {
                     refcount: 1,
                     slot: NIL,
-                },
-            );
-            self.active += 1;
-            self.stored_total += 1;
-            true
+                });
+                self.stored_total += 1;
+                true
+            }
         }
     }
 
