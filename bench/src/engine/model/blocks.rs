@@ -104,113 +104,25 @@ pub struct OutOfBlocks {
     pub available: usize,
 }
 
-/// Most blocks whose map room [`BlockManager::new`] reserves up front (16 MiB of map).
+/// Most blocks whose map and arena room [`BlockManager::new`] reserves up front.
 const PRESIZE_MAX_BLOCKS: usize = 1 << 20;
 
-/// End of list / no node.
+/// End of list / no slot.
 const NIL: u32 = u32::MAX;
 
-/// One node of the inactive list.
+/// Slot of a cached full block in a [`BlockManager`]'s arena: stable while the block stays
+/// cached (active or inactive), reused after its eviction. Requests keep the slots of the
+/// blocks they hold, so releasing them needs no hash lookup.
+pub type Slot = u32;
+
+/// One cached full block in the arena.
 #[derive(Debug, Clone, Copy)]
-struct Node {
+struct Block {
     hash: BlockHash,
-    prev: u32,
-    next: u32,
-}
-
-/// Inactive pool order: a doubly linked list of hashes in a slab, least recently released
-/// first (head). Nodes are addressed by slot; freed slots are reused.
-#[derive(Debug)]
-struct Lru {
-    nodes: Vec<Node>,
-    free: Vec<u32>,
-    head: u32,
-    tail: u32,
-    len: usize,
-}
-
-impl Default for Lru {
-    fn default() -> Self {
-        Self {
-            nodes: Vec::new(),
-            free: Vec::new(),
-            head: NIL,
-            tail: NIL,
-            len: 0,
-        }
-    }
-}
-
-impl Lru {
-    /// Appends `h` at the tail; returns its slot.
-    fn push_tail(&mut self, h: BlockHash) -> u32 {
-        let node = Node {
-            hash: h,
-            prev: self.tail,
-            next: NIL,
-        };
-        let slot = match self.free.pop() {
-            Some(s) => {
-                self.nodes[s as usize] = node;
-                s
-            }
-            None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
-            }
-        };
-        match self.tail {
-            NIL => self.head = slot,
-            t => self.nodes[t as usize].next = slot,
-        }
-        self.tail = slot;
-        self.len += 1;
-        slot
-    }
-
-    /// Unlinks `slot` (which must be linked) and frees it; returns its hash.
-    fn unlink(&mut self, slot: u32) -> BlockHash {
-        let Node { hash, prev, next } = self.nodes[slot as usize];
-        match prev {
-            NIL => self.head = next,
-            p => self.nodes[p as usize].next = next,
-        }
-        match next {
-            NIL => self.tail = prev,
-            n => self.nodes[n as usize].prev = prev,
-        }
-        self.free.push(slot);
-        self.len -= 1;
-        hash
-    }
-
-    fn pop_head(&mut self) -> Option<BlockHash> {
-        (self.head != NIL).then(|| self.unlink(self.head))
-    }
-
-    fn clear(&mut self) {
-        *self = Self::default();
-    }
-
-    /// Hashes from head to tail.
-    fn iter_lru(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        let mut at = self.head;
-        std::iter::from_fn(move || {
-            (at != NIL).then(|| {
-                let n = self.nodes[at as usize];
-                at = n.next;
-                n.hash
-            })
-        })
-    }
-}
-
-/// A cached full block: its refcount, and its slot in the inactive list when the refcount
-/// is 0.
-#[derive(Debug, Clone, Copy)]
-struct Entry {
+    /// Requests holding it; 0 = inactive (then linked in the LRU list).
     refcount: u32,
-    slot: u32,
+    prev: Slot,
+    next: Slot,
 }
 
 /// Block manager of one engine rank.
@@ -219,15 +131,18 @@ struct Entry {
 /// the **active** pool (full block, keyed by hash, refcount ≥ 1), **private** (a partial or
 /// not-yet-filled block owned by one request; counted, never hashed or cached), the
 /// **inactive** pool (full cached block, refcount 0, evictable, LRU order) or free space.
-/// Both pools are the entries of one map (`cached`); inactive entries also sit in `inactive`.
+/// Cached blocks live in an arena of [`Slot`]s indexed by a hash map; inactive ones are
+/// linked through the arena in LRU order (head = least recently released; vLLM's
+/// `FreeKVCacheBlockQueue` is the same list). Each operation is one map probe or one arena
+/// access plus O(1) list work.
 ///
 /// # Invariants
-/// 1. A hash is cached at most once (identical full blocks are merged): one entry, active
-///    (refcount ≥ 1, no list node) or inactive (refcount 0, one list node).
-/// 2. `active` counts the entries with refcount ≥ 1.
+/// 1. A hash is cached at most once (identical full blocks are merged): `map` and the live
+///    arena slots are a bijection (`arena[map[h]].hash == h`), freed slots are in `free`.
+/// 2. `active` counts the live slots with refcount ≥ 1.
 /// 3. `active + private + inactive ≤ num_gpu_blocks`.
-/// 4. The inactive list and the map agree (same hashes, each entry's slot holds its hash,
-///    the links are consistent both ways).
+/// 4. The LRU list holds exactly the live slots with refcount 0, linked consistently both
+///    ways, `inactive` of them.
 ///
 /// Refcounts matching the requests that hold blocks is checked one level up, by
 /// `Scheduler::check_invariants`.
@@ -235,10 +150,14 @@ struct Entry {
 pub struct BlockManager {
     block_size: usize,
     num_gpu_blocks: usize,
-    cached: HashMap<BlockHash, Entry, FastHash>,
+    map: HashMap<BlockHash, Slot, FastHash>,
+    arena: Vec<Block>,
+    free: Vec<Slot>,
+    head: Slot,
+    tail: Slot,
+    inactive: usize,
     active: usize,
     private: usize,
-    inactive: Lru,
     evicted_total: u64,
     stored_total: u64,
 }
@@ -250,18 +169,20 @@ impl BlockManager {
     /// If `block_size` or `num_gpu_blocks` is 0 (validated earlier by `EngineCore::new`).
     pub fn new(block_size: usize, num_gpu_blocks: usize) -> Self {
         assert!(block_size > 0 && num_gpu_blocks > 0, "empty block manager");
+        // Sized for a full cache up front (capped for huge pools): growing the map by
+        // rehashing was a visible share of a long simulation.
+        let room = num_gpu_blocks.min(PRESIZE_MAX_BLOCKS);
         Self {
             block_size,
             num_gpu_blocks,
-            // Sized for a full cache up front (capped for huge pools): growing the map by
-            // rehashing was a visible share of a long simulation.
-            cached: HashMap::with_capacity_and_hasher(
-                num_gpu_blocks.min(PRESIZE_MAX_BLOCKS),
-                FastHash::default(),
-            ),
+            map: HashMap::with_capacity_and_hasher(room, FastHash::default()),
+            arena: Vec::with_capacity(room),
+            free: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            inactive: 0,
             active: 0,
             private: 0,
-            inactive: Lru::default(),
             evicted_total: 0,
             stored_total: 0,
         }
@@ -284,7 +205,7 @@ impl BlockManager {
 
     /// Cached evictable blocks (inactive pool).
     pub fn num_inactive(&self) -> usize {
-        self.inactive.len
+        self.inactive
     }
 
     /// Blocks that can be handed out now: free space plus evictable cached blocks.
@@ -301,13 +222,13 @@ impl BlockManager {
 
     /// Cached full blocks (active + inactive).
     pub fn num_cached(&self) -> usize {
-        self.cached.len()
+        self.map.len()
     }
 
     /// Hashes of every cached full block (active and inactive), unordered: the ground truth
     /// an event consumer's index is compared with.
     pub fn cached_hashes(&self) -> Vec<BlockHash> {
-        self.cached.keys().copied().collect()
+        self.map.keys().copied().collect()
     }
 
     /// Blocks evicted since start (each produced one hash in a [`BlockEvent::Removed`]).
@@ -322,17 +243,26 @@ impl BlockManager {
 
     /// Whether the full block `h` is cached (active or inactive).
     pub fn is_cached(&self, h: BlockHash) -> bool {
-        self.cached.contains_key(&h)
+        self.map.contains_key(&h)
     }
 
     /// Refcount of `h` (0 when inactive or absent).
     pub fn refcount(&self, h: BlockHash) -> u32 {
-        self.cached.get(&h).map_or(0, |e| e.refcount)
+        self.map
+            .get(&h)
+            .map_or(0, |&s| self.arena[s as usize].refcount)
     }
 
     /// Inactive hashes from LRU head (next to evict) to tail.
     pub fn inactive_lru(&self) -> Vec<BlockHash> {
-        self.inactive.iter_lru().collect()
+        let mut out = Vec::with_capacity(self.inactive);
+        let mut at = self.head;
+        while at != NIL {
+            let b = &self.arena[at as usize];
+            out.push(b.hash);
+            at = b.next;
+        }
+        out
     }
 
     /// Prefix lookup for a prompt of `num_tokens` tokens whose full-block hashes are `hashes`:
@@ -349,12 +279,33 @@ impl BlockManager {
             .count()
     }
 
+    /// [`Self::lookup_prefix`] that also returns where the blocks are: clears `out`, then
+    /// pushes the slot of each leading cached block (as many as `lookup_prefix` counts).
+    pub fn lookup_prefix_slots(&self, hashes: &[BlockHash], num_tokens: usize, out: &mut Vec<Slot>) {
+        out.clear();
+        let cap = num_tokens.saturating_sub(1) / self.block_size;
+        for h in hashes.iter().take(cap) {
+            match self.map.get(h) {
+                Some(&s) => out.push(s),
+                None => break,
+            }
+        }
+    }
+
     /// How many of `hashes` (all cached) sit in the inactive pool, i.e. would leave the
     /// evictable pool if taken.
     pub fn count_inactive(&self, hashes: &[BlockHash]) -> usize {
         hashes
             .iter()
-            .filter(|h| self.cached.get(h).is_some_and(|e| e.refcount == 0))
+            .filter(|h| self.map.get(h).is_some_and(|&s| self.arena[s as usize].refcount == 0))
+            .count()
+    }
+
+    /// [`Self::count_inactive`] for the slots of cached blocks.
+    pub fn count_inactive_slots(&self, slots: &[Slot]) -> usize {
+        slots
+            .iter()
+            .filter(|&&s| self.arena[s as usize].refcount == 0)
             .count()
     }
 
@@ -364,23 +315,54 @@ impl BlockManager {
     /// # Panics
     /// If a hash is not cached (callers pass the result of [`Self::lookup_prefix`]).
     pub fn take_cached(&mut self, hashes: &[BlockHash]) {
-        for &h in hashes {
-            assert!(self.acquire(h), "take_cached: block not cached");
+        for h in hashes {
+            let s = *self.map.get(h).expect("take_cached: block not cached");
+            self.acquire(s);
         }
     }
 
-    /// refcount + 1 if `h` is cached (moving it out of the inactive pool); false if absent.
-    fn acquire(&mut self, h: BlockHash) -> bool {
-        let Some(e) = self.cached.get_mut(&h) else {
-            return false;
-        };
-        if e.refcount == 0 {
-            self.inactive.unlink(e.slot);
-            e.slot = NIL;
+    /// [`Self::take_cached`] for the slots of cached blocks (from
+    /// [`Self::lookup_prefix_slots`]).
+    pub fn take_slots(&mut self, slots: &[Slot]) {
+        for &s in slots {
+            self.acquire(s);
+        }
+    }
+
+    /// refcount + 1 of the cached block at `s`, moving it out of the inactive pool.
+    fn acquire(&mut self, s: Slot) {
+        if self.arena[s as usize].refcount == 0 {
+            self.unlink(s);
             self.active += 1;
         }
-        e.refcount += 1;
-        true
+        self.arena[s as usize].refcount += 1;
+    }
+
+    /// Removes inactive slot `s` from the LRU list.
+    fn unlink(&mut self, s: Slot) {
+        let Block { prev, next, .. } = self.arena[s as usize];
+        match prev {
+            NIL => self.head = next,
+            p => self.arena[p as usize].next = next,
+        }
+        match next {
+            NIL => self.tail = prev,
+            n => self.arena[n as usize].prev = prev,
+        }
+        self.inactive -= 1;
+    }
+
+    /// Appends slot `s` (refcount just reached 0) at the LRU tail.
+    fn push_tail(&mut self, s: Slot) {
+        let b = &mut self.arena[s as usize];
+        b.prev = self.tail;
+        b.next = NIL;
+        match self.tail {
+            NIL => self.head = s,
+            t => self.arena[t as usize].next = s,
+        }
+        self.tail = s;
+        self.inactive += 1;
     }
 
     /// Allocates `n` private blocks: free space first, then evicting the inactive LRU head.
@@ -400,12 +382,16 @@ impl BlockManager {
                 available,
             });
         }
-        let free = available - self.inactive.len;
+        let free = available - self.inactive;
         if n > free {
             let mut removed = Vec::with_capacity(n - free);
             for _ in free..n {
-                let h = self.inactive.pop_head().expect("counted as available");
-                self.cached.remove(&h);
+                let s = self.head;
+                debug_assert!(s != NIL, "counted as available");
+                self.unlink(s);
+                let h = self.arena[s as usize].hash;
+                self.map.remove(&h);
+                self.free.push(s);
                 removed.push(h);
             }
             self.evicted_total += removed.len() as u64;
@@ -423,28 +409,43 @@ impl BlockManager {
     /// # Panics
     /// If no private block is allocated.
     pub fn fill_private(&mut self, h: BlockHash) -> bool {
+        self.fill_private_slot(h).1
+    }
+
+    /// [`Self::fill_private`], also returning the block's slot.
+    ///
+    /// # Panics
+    /// If no private block is allocated.
+    pub fn fill_private_slot(&mut self, h: BlockHash) -> (Slot, bool) {
         assert!(self.private > 0, "fill_private without a private block");
         self.private -= 1;
-        self.active += 1; // either way one more block is held; undone for an active merge
-        match self.cached.entry(h) {
-            std::collections::hash_map::Entry::Occupied(mut o) => {
-                let e = o.get_mut();
-                if e.refcount == 0 {
-                    self.inactive.unlink(e.slot);
-                    e.slot = NIL;
-                } else {
-                    self.active -= 1;
-                }
-                e.refcount += 1;
-                false
+        match self.map.entry(h) {
+            std::collections::hash_map::Entry::Occupied(o) => {
+                let s = *o.get();
+                self.acquire(s);
+                (s, false)
             }
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(Entry {
+                let block = Block {
+                    hash: h,
                     refcount: 1,
-                    slot: NIL,
-                });
+                    prev: NIL,
+                    next: NIL,
+                };
+                let s = match self.free.pop() {
+                    Some(s) => {
+                        self.arena[s as usize] = block;
+                        s
+                    }
+                    None => {
+                        self.arena.push(block);
+                        (self.arena.len() - 1) as Slot
+                    }
+                };
+                v.insert(s);
+                self.active += 1;
                 self.stored_total += 1;
-                true
+                (s, true)
             }
         }
     }
@@ -457,21 +458,30 @@ impl BlockManager {
     /// # Panics
     /// If a hash is not active or more private blocks are released than allocated.
     pub fn release(&mut self, full: &[BlockHash], private: usize) {
+        let slots: Vec<Slot> = full
+            .iter()
+            .map(|h| *self.map.get(h).expect("released block not active"))
+            .collect();
+        self.release_slots(&slots, private);
+    }
+
+    /// [`Self::release`] for the slots of the request's full blocks, in sequence order.
+    ///
+    /// # Panics
+    /// If a slot is not active or more private blocks are released than allocated.
+    pub fn release_slots(&mut self, full: &[Slot], private: usize) {
         assert!(
             self.private >= private,
             "released more private blocks than held"
         );
         self.private -= private;
-        for &h in full.iter().rev() {
-            let e = self
-                .cached
-                .get_mut(&h)
-                .filter(|e| e.refcount > 0)
-                .expect("released block not active");
-            e.refcount -= 1;
-            if e.refcount == 0 {
-                e.slot = self.inactive.push_tail(h);
+        for &s in full.iter().rev() {
+            let b = &mut self.arena[s as usize];
+            assert!(b.refcount > 0, "released block not active");
+            b.refcount -= 1;
+            if b.refcount == 0 {
                 self.active -= 1;
+                self.push_tail(s);
             }
         }
     }
@@ -482,56 +492,57 @@ impl BlockManager {
         if self.num_used() > 0 {
             return None;
         }
-        // Nothing is active, so every entry is inactive.
-        let n = self.inactive.len;
-        self.cached.clear();
-        self.inactive.clear();
+        // Nothing is active, so every cached block is inactive.
+        let n = self.inactive;
+        self.map.clear();
+        self.arena.clear();
+        self.free.clear();
+        self.head = NIL;
+        self.tail = NIL;
+        self.inactive = 0;
         Some(n)
     }
 
     /// Checks invariants 1–4; the error names the broken one.
     #[cfg(test)]
     pub fn check_invariants(&self) -> Result<(), String> {
+        let freed: std::collections::HashSet<Slot> = self.free.iter().copied().collect();
+        if freed.len() != self.free.len()
+            || self.map.len() + self.free.len() != self.arena.len()
+        {
+            return Err("1: live and free slots do not partition the arena".into());
+        }
         let mut active = 0;
-        let mut inactive = 0;
-        for (h, e) in &self.cached {
-            if e.refcount > 0 {
+        for (h, &s) in &self.map {
+            let b = self.arena.get(s as usize);
+            if b.is_none_or(|b| b.hash != *h) || freed.contains(&s) {
+                return Err(format!("1: block {h:#x} not at its slot {s}"));
+            }
+            if self.arena[s as usize].refcount > 0 {
                 active += 1;
-                if e.slot != NIL {
-                    return Err(format!("1: active block {h:#x} has a list node"));
-                }
-            } else {
-                inactive += 1;
-                let n = self.inactive.nodes.get(e.slot as usize);
-                if n.is_none_or(|n| n.hash != *h) {
-                    return Err(format!("4: inactive block {h:#x} not at its slot"));
-                }
             }
         }
         if active != self.active {
-            return Err(format!("2: {active} active entries, counted {}", self.active));
+            return Err(format!("2: {active} active slots, counted {}", self.active));
         }
-        let used = self.active + self.private + self.inactive.len;
+        let used = self.active + self.private + self.inactive;
         if used > self.num_gpu_blocks {
             return Err(format!("3: {used} blocks in use > {}", self.num_gpu_blocks));
         }
-        // Walk the list both ways.
-        let forward: Vec<BlockHash> = self.inactive.iter_lru().collect();
+        let forward = self.inactive_lru();
         let mut backward = Vec::new();
-        let mut at = self.inactive.tail;
+        let mut at = self.tail;
         while at != NIL && backward.len() <= forward.len() {
-            let n = self.inactive.nodes[at as usize];
-            backward.push(n.hash);
-            at = n.prev;
+            let b = &self.arena[at as usize];
+            backward.push(b.hash);
+            at = b.prev;
         }
         backward.reverse();
-        if forward.len() != inactive || self.inactive.len != inactive || forward != backward {
-            return Err("4: inactive list and map disagree".into());
+        let idle = self.map.len() - active;
+        if forward.len() != idle || self.inactive != idle || forward != backward {
+            return Err("4: LRU list and refcounts disagree".into());
         }
-        if forward
-            .iter()
-            .any(|h| self.cached.get(h).is_none_or(|e| e.refcount != 0))
-        {
+        if forward.iter().any(|h| self.refcount(*h) != 0) {
             return Err("4: listed block not inactive".into());
         }
         Ok(())

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::blocks::{BlockEvent, BlockHash, BlockManager, extend_block_hashes};
+use super::blocks::{BlockEvent, BlockHash, BlockManager, Slot, extend_block_hashes};
 use crate::fasthash::FastHash;
 
 /// Scheduler limits, validated by `EngineCore::new`.
@@ -49,6 +49,8 @@ pub(crate) struct Request {
     pub(crate) hashes: Vec<BlockHash>,
     /// Leading blocks held as full cached blocks: `hashes[..full_blocks]`.
     pub(crate) full_blocks: usize,
+    /// Block-manager slots of those blocks (`full_blocks` of them).
+    pub(crate) slots: Vec<Slot>,
     /// Private blocks held (partial tail and blocks allocated for scheduled tokens).
     pub(crate) private_blocks: usize,
     /// Tokens served from cache at the first admission (`cached_tokens` of the response).
@@ -68,6 +70,7 @@ impl Request {
             computed: 0,
             hashes,
             full_blocks: 0,
+            slots: Vec::new(),
             private_blocks: 0,
             cached_tokens: None,
             num_outputs: 0,
@@ -115,6 +118,8 @@ pub struct Scheduler {
     waiting: VecDeque<u64>,
     running: Vec<u64>,
     counters: Counters,
+    /// Reused buffer for admission lookups.
+    scratch: Vec<Slot>,
 }
 
 impl Scheduler {
@@ -127,6 +132,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             counters: Counters::default(),
+            scratch: Vec::new(),
         }
     }
 
@@ -180,8 +186,8 @@ impl Scheduler {
     }
 
     fn release(&mut self, req: &mut Request) {
-        self.blocks
-            .release(&req.hashes[..req.full_blocks], req.private_blocks);
+        self.blocks.release_slots(&req.slots, req.private_blocks);
+        req.slots.clear();
         req.full_blocks = 0;
         req.private_blocks = 0;
         req.computed = 0;
@@ -245,22 +251,25 @@ impl Scheduler {
             };
             let req = &self.requests[&id];
             let len = req.tokens.len();
-            let hit = self.blocks.lookup_prefix(&req.hashes, len);
+            let mut slots = std::mem::take(&mut self.scratch);
+            self.blocks.lookup_prefix_slots(&req.hashes, len, &mut slots);
+            let hit = slots.len();
             let cached = hit * bs;
             let n = (len - cached).min(budget);
             let new_blocks = blocks_for(cached + n, bs) - hit;
-            let taken_inactive = self.blocks.count_inactive(&req.hashes[..hit]);
+            let taken_inactive = self.blocks.count_inactive_slots(&slots);
             let need = taken_inactive + new_blocks + self.cfg.watermark_blocks;
             if self.blocks.num_available() < need {
+                self.scratch = slots;
                 break; // strict FCFS: head-of-line blocking
             }
-            let hashes = req.hashes[..hit].to_vec();
-            self.blocks.take_cached(&hashes);
+            self.blocks.take_slots(&slots);
             self.blocks
                 .allocate_private(new_blocks, events)
                 .expect("checked against num_available");
             let req = self.requests.get_mut(&id).expect("waiting");
             req.full_blocks = hit;
+            self.scratch = std::mem::replace(&mut req.slots, slots);
             req.private_blocks = new_blocks;
             req.computed = cached;
             req.cached_tokens.get_or_insert(cached);
@@ -295,7 +304,9 @@ impl Scheduler {
             let h = req.hashes[idx];
             req.private_blocks -= 1;
             req.full_blocks += 1;
-            if self.blocks.fill_private(h) {
+            let (slot, stored) = self.blocks.fill_private_slot(h);
+            req.slots.push(slot);
+            if stored {
                 let r = run.get_or_insert_with(|| {
                     (
                         idx.checked_sub(1).map(|p| req.hashes[p]),
@@ -376,6 +387,9 @@ impl Scheduler {
                     "3: request {id} computed {} holds {} full + {} private",
                     q.computed, q.full_blocks, q.private_blocks
                 ));
+            }
+            if q.slots.len() != q.full_blocks {
+                return Err(format!("3: request {id} holds {} slots for {} full blocks", q.slots.len(), q.full_blocks));
             }
             for h in &q.hashes[..q.full_blocks] {
                 *refs.entry(*h).or_default() += 1;
