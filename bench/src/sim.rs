@@ -741,8 +741,7 @@ fn drift(index: &EventIndex, slots: &[Slot]) -> IndexDrift {
 mod tests {
     use super::*;
     use crate::trace::{
-        MOONCAKE_BLOCK_TOKENS, RequestMeta, TraceFormat, TraceRecord, WordIds,
-        engine_cache_bound,
+        MOONCAKE_BLOCK_TOKENS, RequestMeta, TraceFormat, TraceRecord, WordIds, engine_cache_bound,
     };
     use crate::workload::{WorkloadParams, builtin_workload};
 
@@ -1006,13 +1005,13 @@ mod tests {
             })
         ));
         cfg.spread_secs = 0.0;
-        assert!(matches!(
-            simulate(&records, &p, &cfg),
-            Ok(_)
-        ));
+        assert!(matches!(simulate(&records, &p, &cfg), Ok(_)));
         assert!(matches!(
             super::simulate(&Trace::mooncake(records.clone()), &weka_prompts(), &cfg),
-            Err(SimError::BlockTokens { trace: 512, prompts: 64 })
+            Err(SimError::BlockTokens {
+                trace: 512,
+                prompts: 64
+            })
         ));
         cfg.engine.num_gpu_blocks = 0;
         assert!(matches!(
@@ -1105,10 +1104,12 @@ mod tests {
             let s = &rep.replay.samples;
             for c in 0..3 {
                 let first = rep.arrival_ms[c * 4];
-                let offset = (start_offsets(cfg.seed, 3, 10_000.0)[c]
-                    + trace.meta[c * 4].think_ms)
-                    / scale;
-                assert!((first - offset).abs() < 1e-9, "{name} c{c}: {first} vs {offset}");
+                let offset =
+                    (start_offsets(cfg.seed, 3, 10_000.0)[c] + trace.meta[c * 4].think_ms) / scale;
+                assert!(
+                    (first - offset).abs() < 1e-9,
+                    "{name} c{c}: {first} vs {offset}"
+                );
                 assert!((0.0..11_000.0).contains(&(first * scale)));
                 for k in 1..4 {
                     let (prev, this) = (c * 4 + k - 1, c * 4 + k);
@@ -1133,8 +1134,14 @@ mod tests {
         let bound = trace.engine_bound(16);
         // Turn k > 0 hits the previous turn's 10 + 2(k−1) blocks: 64-token ids are whole
         // engine blocks, so the bound counts them all.
-        let hit: u64 = (0..3).map(|_| (1..4).map(|k| (10 + 2 * (k - 1)) * 64).sum::<u64>()).sum();
-        let total: u64 = trace.records.iter().map(|r| u64::from(r.input_length)).sum();
+        let hit: u64 = (0..3)
+            .map(|_| (1..4).map(|k| (10 + 2 * (k - 1)) * 64).sum::<u64>())
+            .sum();
+        let total: u64 = trace
+            .records
+            .iter()
+            .map(|r| u64::from(r.input_length))
+            .sum();
         assert!((bound - hit as f64 / total as f64).abs() < 1e-12, "{bound}");
         for name in RUNS {
             let cfg = config(name, 1, 40_000);

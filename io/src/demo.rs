@@ -274,7 +274,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             &prompts,
             &fleet.config(*run),
         )
-            .with_context(|| format!("simulating {name}"))?;
+        .with_context(|| format!("simulating {name}"))?;
         simulated.push(format!("{name} {:.1} %", rep.replay.hit_rate * 100.0));
         extras.push((
             name.clone(),

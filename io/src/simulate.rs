@@ -152,7 +152,9 @@ pub fn apply_setting(cfg: &Config, setting: &Setting) -> anyhow::Result<Config> 
         return Ok(cfg.clone());
     }
     let mut v = serde_json::to_value(cfg)?;
-    let obj = v.as_object_mut().context("Config serializes to an object")?;
+    let obj = v
+        .as_object_mut()
+        .context("Config serializes to an object")?;
     for (k, val) in setting {
         obj.insert(k.clone(), val.clone());
     }
@@ -314,9 +316,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
 /// an object, empty without `--sweep`).
 pub fn row_json(r: &Row, bound: f64) -> Value {
     let rep = &r.report.replay;
-    let lat = |l: &kvroute_bench::replay::LatencySummary| {
-        json!({"p50": l.p50, "p90": l.p90, "p99": l.p99})
-    };
+    let lat = |l: &kvroute_bench::replay::LatencySummary| json!({"p50": l.p50, "p90": l.p90, "p99": l.p99});
     let setting: serde_json::Map<String, Value> = r.setting.iter().cloned().collect();
     json!({
         "policy": r.policy,
@@ -587,7 +587,10 @@ mod tests {
         );
         assert_eq!(sweep_grid(&[]).unwrap(), vec![Vec::new()]);
         let e = sweep_grid(&["cache_treshold=0.3".into()]).unwrap_err();
-        assert!(e.to_string().contains("unknown knob \"cache_treshold\""), "{e}");
+        assert!(
+            e.to_string().contains("unknown knob \"cache_treshold\""),
+            "{e}"
+        );
         assert!(e.to_string().contains("balance_abs_threshold"), "{e}");
         assert!(sweep_grid(&["policy=round_robin".into()]).is_err());
         assert!(sweep_grid(&["cache_threshold".into()]).is_err());
@@ -598,8 +601,11 @@ mod tests {
     /// refuses is an error.
     #[test]
     fn settings_apply_through_the_serialized_config() {
-        let g = sweep_grid(&["balance_abs_threshold=7".into(), "cache_threshold=0.25".into()])
-            .unwrap();
+        let g = sweep_grid(&[
+            "balance_abs_threshold=7".into(),
+            "cache_threshold=0.25".into(),
+        ])
+        .unwrap();
         let c = apply_setting(&Config::default(), &g[0]).unwrap();
         assert_eq!(c.balance_abs_threshold, 7);
         assert_eq!(c.cache_threshold, 0.25);
@@ -627,10 +633,18 @@ mod tests {
             report: report(hit, p99),
             wall_s: 0.0,
         };
-        let rows = [row(1, 0.40, 200.0), row(2, 0.395, 100.0), row(3, 0.30, 50.0)];
+        let rows = [
+            row(1, 0.40, 200.0),
+            row(2, 0.395, 100.0),
+            row(3, 0.30, 50.0),
+        ];
         let best = best_settings(&rows);
         assert_eq!(best.len(), 1);
-        assert!(best[0].starts_with("best for p: balance_abs_threshold=2 "), "{}", best[0]);
+        assert!(
+            best[0].starts_with("best for p: balance_abs_threshold=2 "),
+            "{}",
+            best[0]
+        );
     }
 
     /// The `--out` entry has exactly the documented keys.
@@ -665,7 +679,12 @@ mod tests {
             ]
         );
         for lat in ["ttft_ms", "e2e_ms"] {
-            let mut k: Vec<&str> = v[lat].as_object().unwrap().keys().map(|k| k.as_str()).collect();
+            let mut k: Vec<&str> = v[lat]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| k.as_str())
+                .collect();
             k.sort_unstable();
             assert_eq!(k, ["p50", "p90", "p99"]);
         }

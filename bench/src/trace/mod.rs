@@ -12,8 +12,8 @@ pub mod synth;
 pub mod weka;
 
 use std::collections::HashSet;
-use std::io::Read;
 use std::fs::File;
+use std::io::Read;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
@@ -224,10 +224,11 @@ impl Trace {
     pub fn append_conversations(&mut self, other: Trace) {
         let base = self.conversations as u32;
         self.records.extend(other.records);
-        self.meta.extend(other.meta.into_iter().map(|m| RequestMeta {
-            conversation: m.conversation.map(|c| c + base),
-            ..m
-        }));
+        self.meta
+            .extend(other.meta.into_iter().map(|m| RequestMeta {
+                conversation: m.conversation.map(|c| c + base),
+                ..m
+            }));
         self.conversations += other.conversations;
     }
 
@@ -252,7 +253,11 @@ impl Trace {
 
     /// Largest `input_length`, tokens (0 when empty).
     pub fn max_input_tokens(&self) -> u32 {
-        self.records.iter().map(|r| r.input_length).max().unwrap_or(0)
+        self.records
+            .iter()
+            .map(|r| r.input_length)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Infinite-cache bound of the trace, engine-level variant (traces.md §5): requests in
@@ -264,7 +269,11 @@ impl Trace {
     /// (`cached_tokens / prompt_tokens`) reaches on one engine that never evicts
     /// (engine-model.md §9). Mooncake conversation: 37.4 % with (512, 16).
     pub fn engine_bound(&self, engine_block: u32) -> f64 {
-        let keys = self.records.iter().zip(&self.meta).map(|(r, m)| (r, m.namespace));
+        let keys = self
+            .records
+            .iter()
+            .zip(&self.meta)
+            .map(|(r, m)| (r, m.namespace));
         engine_bound_keyed(keys, self.block_tokens, engine_block)
     }
 }
@@ -574,7 +583,10 @@ mod tests {
         let dir = temp_dir("weka-bound");
         let p = write(&dir, "trace_0024.json", WEKA_DOC);
         let t = load_trace(&p, None).unwrap();
-        assert_eq!((t.format, t.block_tokens, t.len()), (TraceFormat::Weka, 64, 3));
+        assert_eq!(
+            (t.format, t.block_tokens, t.len()),
+            (TraceFormat::Weka, 64, 3)
+        );
         assert_eq!(t.meta[1].namespace, 24);
         assert_eq!(t.meta[1].tail_id, Some(1));
         assert_eq!(t.meta[1].think_ms, 3_500.0);
@@ -618,7 +630,10 @@ mod tests {
             "{\"timestamp\":5,\"input_length\":600,\"output_length\":5,\"hash_ids\":[0,1]}\n",
         );
         let t = load_trace(&m, None).unwrap();
-        assert_eq!((t.format, t.block_tokens, t.conversations), (TraceFormat::Mooncake, 512, 0));
+        assert_eq!(
+            (t.format, t.block_tokens, t.conversations),
+            (TraceFormat::Mooncake, 512, 0)
+        );
         assert_eq!(t.meta[0], RequestMeta::OPEN_LOOP);
         let bad = WEKA_DOC.replace("[1, 9, 10]", "[1, 9]");
         let p = write(&dir, "trace_0003.json", &bad);
@@ -627,12 +642,25 @@ mod tests {
             Err(TraceError::WekaBlock { request: 2, .. })
         ));
         let p = write(&dir, "noname.json", WEKA_DOC);
-        assert!(matches!(load_trace(&p, None), Err(TraceError::WekaNamespace { .. })));
-        let p = write(&dir, "trace_0004.json", &WEKA_DOC.replace("\"n\"", "\"subagent\""));
-        assert!(matches!(load_trace(&p, None), Err(TraceError::WekaBlock { request: 0, .. })));
+        assert!(matches!(
+            load_trace(&p, None),
+            Err(TraceError::WekaNamespace { .. })
+        ));
+        let p = write(
+            &dir,
+            "trace_0004.json",
+            &WEKA_DOC.replace("\"n\"", "\"subagent\""),
+        );
+        assert!(matches!(
+            load_trace(&p, None),
+            Err(TraceError::WekaBlock { request: 0, .. })
+        ));
         let empty = dir.join("empty");
         std::fs::create_dir_all(&empty).unwrap();
-        assert!(matches!(load_trace(&empty, None), Err(TraceError::Empty { .. })));
+        assert!(matches!(
+            load_trace(&empty, None),
+            Err(TraceError::Empty { .. })
+        ));
         std::fs::remove_dir_all(&dir).ok();
     }
 

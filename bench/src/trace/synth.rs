@@ -326,7 +326,7 @@ impl PromptBuilder {
     /// in `meta.namespace` (not the builder's), and with `meta.tail_id = Some(k)` every id is
     /// a full block followed by `input_length − B·len(hash_ids)` tail tokens from
     /// `(namespace | 2^31, k)` (WEKA, traces.md §3 "Assembly"). One generator pass serves
-    /// both outputs; nothing is cached.
+    /// both outputs; nothing is cached. The id vector has room for `output_length` more.
     pub fn prompt(
         &self,
         r: &TraceRecord,
@@ -334,7 +334,8 @@ impl PromptBuilder {
         with_text: bool,
     ) -> (Vec<u32>, Option<String>) {
         let len = r.input_length as usize;
-        let mut ids = Vec::with_capacity(len);
+        // Room for the output tokens the engine appends.
+        let mut ids = Vec::with_capacity(len + r.output_length as usize);
         let mut text = with_text.then(|| String::with_capacity(len * (WORD_MAX_LETTERS + 1)));
         let (table, words) = (&self.words.ids, &self.words.words);
         let mut emit = |ns: u32, id: u64, n: usize| match text.as_mut() {
@@ -398,10 +399,23 @@ mod tests {
     /// a SplitMix64 stream, for the Qwen3 `WORD_IDS` length and other divisors.
     #[test]
     fn fast_mod_equals_the_remainder() {
-        for d in [1u64, 2, 3, 7, 18_584, 65_537, u32::MAX as u64, u64::MAX - 1, u64::MAX] {
+        for d in [
+            1u64,
+            2,
+            3,
+            7,
+            18_584,
+            65_537,
+            u32::MAX as u64,
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
             let m = FastMod::new(d);
             let edge = [0, 1, d - 1, d, d.wrapping_add(1), u64::MAX, u64::MAX - 1];
-            for x in edge.into_iter().chain(SplitMix64::from_state(d).take(20_000)) {
+            for x in edge
+                .into_iter()
+                .chain(SplitMix64::from_state(d).take(20_000))
+            {
                 assert_eq!(m.rem(x), x % d, "{x} mod {d}");
             }
         }

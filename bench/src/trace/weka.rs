@@ -60,7 +60,10 @@ pub fn namespace_of(path: &Path) -> Option<u32> {
         .into_iter()
         .rev()
         .collect();
-    digits.parse::<u32>().ok().filter(|&n| n < super::TAIL_NAMESPACE_BIT)
+    digits
+        .parse::<u32>()
+        .ok()
+        .filter(|&n| n < super::TAIL_NAMESPACE_BIT)
 }
 
 /// Reads one WEKA document as one closed-loop conversation (conversation index 0).

@@ -281,7 +281,12 @@ impl BlockManager {
 
     /// [`Self::lookup_prefix`] that also returns where the blocks are: clears `out`, then
     /// pushes the slot of each leading cached block (as many as `lookup_prefix` counts).
-    pub fn lookup_prefix_slots(&self, hashes: &[BlockHash], num_tokens: usize, out: &mut Vec<Slot>) {
+    pub fn lookup_prefix_slots(
+        &self,
+        hashes: &[BlockHash],
+        num_tokens: usize,
+        out: &mut Vec<Slot>,
+    ) {
         out.clear();
         let cap = num_tokens.saturating_sub(1) / self.block_size;
         for h in hashes.iter().take(cap) {
@@ -297,7 +302,11 @@ impl BlockManager {
     pub fn count_inactive(&self, hashes: &[BlockHash]) -> usize {
         hashes
             .iter()
-            .filter(|h| self.map.get(h).is_some_and(|&s| self.arena[s as usize].refcount == 0))
+            .filter(|h| {
+                self.map
+                    .get(h)
+                    .is_some_and(|&s| self.arena[s as usize].refcount == 0)
+            })
             .count()
     }
 
@@ -507,9 +516,7 @@ impl BlockManager {
     #[cfg(test)]
     pub fn check_invariants(&self) -> Result<(), String> {
         let freed: std::collections::HashSet<Slot> = self.free.iter().copied().collect();
-        if freed.len() != self.free.len()
-            || self.map.len() + self.free.len() != self.arena.len()
-        {
+        if freed.len() != self.free.len() || self.map.len() + self.free.len() != self.arena.len() {
             return Err("1: live and free slots do not partition the arena".into());
         }
         let mut active = 0;

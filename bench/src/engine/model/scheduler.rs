@@ -59,8 +59,12 @@ pub(crate) struct Request {
 }
 
 impl Request {
-    pub(crate) fn new(id: u64, prompt: Vec<u32>, max_tokens: u32, block_size: usize) -> Self {
-        let mut hashes = Vec::new();
+    pub(crate) fn new(id: u64, mut prompt: Vec<u32>, max_tokens: u32, block_size: usize) -> Self {
+        // Room for the outputs up front: growing a long prompt's vectors at the first output
+        // token copied them into fresh pages (a visible share of long simulations).
+        let total = prompt.len() + max_tokens as usize;
+        prompt.reserve_exact(max_tokens as usize);
+        let mut hashes = Vec::with_capacity(total / block_size);
         extend_block_hashes(&mut hashes, &prompt, block_size);
         Self {
             id,
@@ -252,7 +256,8 @@ impl Scheduler {
             let req = &self.requests[&id];
             let len = req.tokens.len();
             let mut slots = std::mem::take(&mut self.scratch);
-            self.blocks.lookup_prefix_slots(&req.hashes, len, &mut slots);
+            self.blocks
+                .lookup_prefix_slots(&req.hashes, len, &mut slots);
             let hit = slots.len();
             let cached = hit * bs;
             let n = (len - cached).min(budget);
@@ -270,6 +275,9 @@ impl Scheduler {
             let req = self.requests.get_mut(&id).expect("waiting");
             req.full_blocks = hit;
             self.scratch = std::mem::replace(&mut req.slots, slots);
+            let total_blocks = req.hashes.capacity().max(req.hashes.len());
+            req.slots
+                .reserve(total_blocks.saturating_sub(req.slots.len()));
             req.private_blocks = new_blocks;
             req.computed = cached;
             req.cached_tokens.get_or_insert(cached);
@@ -389,7 +397,11 @@ impl Scheduler {
                 ));
             }
             if q.slots.len() != q.full_blocks {
-                return Err(format!("3: request {id} holds {} slots for {} full blocks", q.slots.len(), q.full_blocks));
+                return Err(format!(
+                    "3: request {id} holds {} slots for {} full blocks",
+                    q.slots.len(),
+                    q.full_blocks
+                ));
             }
             for h in &q.hashes[..q.full_blocks] {
                 *refs.entry(*h).or_default() += 1;
