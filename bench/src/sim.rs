@@ -1005,7 +1005,7 @@ mod tests {
             })
         ));
         cfg.spread_secs = 0.0;
-        assert!(matches!(simulate(&records, &p, &cfg), Ok(_)));
+        assert!(simulate(&records, &p, &cfg).is_ok());
         assert!(matches!(
             super::simulate(&Trace::mooncake(records.clone()), &weka_prompts(), &cfg),
             Err(SimError::BlockTokens {
