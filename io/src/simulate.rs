@@ -673,8 +673,8 @@ mod tests {
                 "requests",
                 "setting",
                 "sticky_share",
-                "ttft_ms",
                 "tpot_ms",
+                "ttft_ms",
                 "wall_s",
             ]
         );
