@@ -13,6 +13,7 @@
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub mod engine;
+pub(crate) mod fasthash;
 pub mod index_bench;
 pub mod replay;
 pub mod sim;

@@ -23,13 +23,15 @@
 //! then arrivals, then engines with work start their next step (a request that arrives while its engine is
 //! stepping waits for the next step, as in the engine server's driver).
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 
 use kvroute_core::config::{Config, PolicyKind};
-use kvroute_core::events::{Consumer, EventIndex, Input, StreamId, Tier};
+use kvroute_core::events::{Consumer, EventBatch, EventIndex, Input, StreamId, Tier};
 use kvroute_core::load::EngineReport;
+use kvroute_core::load::active::Booking;
 use kvroute_core::metrics::HitTokens;
-use kvroute_core::policy::{Reason, Router, Snapshot, WorkerLoad};
+use kvroute_core::policy::{Decision, Reason, Router, Snapshot, WorkerLoad};
 use kvroute_core::route_key::RouteKey;
 use kvroute_core::workers::LoadGuard;
 use kvroute_core::workers::Workers;
@@ -37,10 +39,11 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::Serialize;
 
-use crate::engine::events::{Encoding, encode_batch};
+use crate::engine::events::{Encoding, decoded_batch, encode_batch};
 use crate::engine::{EngineConfig, EngineCore, EngineError};
+use crate::fasthash::FastHash;
 use crate::replay::{self, ReplayConfig, ReplayReport, RequestSample};
-use crate::trace::{PromptBuilder, SplitMix64, TraceRecord};
+use crate::trace::{PromptBuilder, SplitMix64, Trace};
 
 /// Name of the run that routes cache_aware on engine KV events (issue 5).
 pub const EVENTS_RUN: &str = "cache_aware_events";
@@ -52,6 +55,12 @@ pub const DEFAULT_SEED: u64 = 1;
 /// Default delay from an engine step's start to its KV events reaching the router's index, ms
 /// of virtual time.
 pub const DEFAULT_EVENT_DELAY_MS: f64 = 0.0;
+/// Default window in which closed-loop conversations start, s of trace time: each starts at a
+/// seeded offset uniform in `[0, 60)` s. A minute is short against every WEKA conversation
+/// (the shortest spans 269 s, median think time ≈ 10 s, traces.md §2), so all of them are
+/// in flight together from the first minute on, yet their first requests (up to 310k-token
+/// prompts, seconds of prefill each) do not all land in the same instant.
+pub const DEFAULT_SPREAD_SECS: f64 = 60.0;
 
 /// What a cache-aware router matches prompts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -168,9 +177,10 @@ pub struct SimConfig {
     pub router: Config,
     /// What cache_aware routes on.
     pub routing: Routing,
-    /// Trace timestamps (ms) are divided by this; > 0.
+    /// Trace time is divided by this (open loop: timestamps; closed loop: start offsets and
+    /// think times); > 0.
     pub time_scale: f64,
-    /// Seed of the RNG that breaks load ties.
+    /// Seed of the RNG that breaks load ties, and of the closed-loop start offsets.
     pub seed: u64,
     /// Virtual ms from a step's start until its KV events are in the router's index; ≥ 0.
     pub event_delay_ms: f64,
@@ -179,6 +189,14 @@ pub struct SimConfig {
     /// With events, every replica reads the same event index (each would subscribe to every
     /// engine and index the same events).
     pub replicas: usize,
+    /// Closed loop: conversation `c` sends its first request at `(offset_c + think) /
+    /// time_scale` (think = that request's `think_ms`, 0 in the WEKA files), the offsets drawn uniform in `[0, spread_secs)` s from `seed` (the same for every policy);
+    /// ≥ 0. Default [`DEFAULT_SPREAD_SECS`].
+    pub spread_secs: f64,
+    /// KV events go through the vLLM msgpack wire format and the router's [`Consumer`]
+    /// (true), or as the decoded batches straight into the same [`EventIndex`] (false:
+    /// faster, identical results; `engine::events` tests that both batches are equal).
+    pub wire_events: bool,
 }
 
 /// Errors of [`simulate`].
@@ -187,7 +205,7 @@ pub enum SimError {
     /// `engines` or `replicas` is 0.
     #[error("the simulator needs at least one engine and one router replica")]
     NoEngines,
-    /// `time_scale` or `event_delay_ms` out of range.
+    /// `time_scale`, `event_delay_ms` or `spread_secs` out of range.
     #[error("{field} must be finite and {rule}, got {value}")]
     BadParameter {
         /// Which.
@@ -196,6 +214,14 @@ pub enum SimError {
         rule: &'static str,
         /// The value given.
         value: f64,
+    },
+    /// The prompt builder's tokens per id differ from the trace's.
+    #[error("the trace has {trace}-token blocks, the prompt builder {prompts}")]
+    BlockTokens {
+        /// [`Trace::block_tokens`].
+        trace: u32,
+        /// [`PromptBuilder::block_tokens`].
+        prompts: u32,
     },
     /// An engine config is invalid.
     #[error("engine: {0}")]
@@ -230,6 +256,17 @@ pub struct SimReport {
     /// predicted ms of one request's prefill of 1,024 / 8,192 / 32,768 new tokens (idle
     /// worker, no decode) and the samples learned from ([`kvroute_core::load::timing`]).
     pub learned: Vec<LearnedCurve>,
+    /// Prompt tokens the engines computed: `prompt − cached` summed over successful
+    /// requests.
+    pub prefill_tokens: u64,
+    /// Coefficient of variation of requests per engine (population standard deviation /
+    /// mean, over all `engines`; 0 = perfectly even).
+    pub load_cv: f64,
+    /// How often a request went where its seen prefix was first computed ([`sticky_share`]).
+    pub sticky: Sticky,
+    /// Arrival time of each record (by index), virtual ms; NaN for a record never sent.
+    #[serde(skip)]
+    pub arrival_ms: Vec<f64>,
 }
 
 /// One engine's learned prefill curve at the end of a run.
@@ -254,6 +291,66 @@ pub struct IndexDrift {
     pub cached: usize,
 }
 
+/// Sticky share of one run ([`sticky_share`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Sticky {
+    /// Requests whose first hash id was seen before (they have a seen prefix).
+    pub with_seen_prefix: u64,
+    /// Of those, the requests routed to the worker of the first request that contained
+    /// their last matched id.
+    pub sticky: u64,
+    /// `sticky / with_seen_prefix`, fraction 0–1 (0 when no request has a seen prefix).
+    pub share: f64,
+}
+
+/// Sticky share over requests in routing order, each `(namespace, hash_ids, worker)`:
+/// per request, `k` = leading ids already seen (keyed by `(namespace, id)`); when `k > 0`
+/// it counts in `with_seen_prefix`, and in `sticky` if its worker is the worker of the
+/// first request that contained id `k − 1` (the one that first computed the longest seen
+/// prefix). Then its ids not seen before are credited to its worker. Pass successful
+/// requests only: a rejected request computed nothing.
+pub fn sticky_share<'a>(routed: impl IntoIterator<Item = (u32, &'a [u64], usize)>) -> Sticky {
+    let mut first: HashMap<(u32, u64), usize, FastHash> = HashMap::default();
+    let mut out = Sticky::default();
+    for (ns, ids, worker) in routed {
+        let k = ids
+            .iter()
+            .take_while(|&&id| first.contains_key(&(ns, id)))
+            .count();
+        if k > 0 {
+            out.with_seen_prefix += 1;
+            if first[&(ns, ids[k - 1])] == worker {
+                out.sticky += 1;
+            }
+        }
+        for &id in &ids[k..] {
+            first.entry((ns, id)).or_insert(worker);
+        }
+    }
+    out.share = if out.with_seen_prefix == 0 {
+        0.0
+    } else {
+        out.sticky as f64 / out.with_seen_prefix as f64
+    };
+    out
+}
+
+/// Coefficient of variation of `counts` (population standard deviation / mean; 0 when
+/// empty or all zero).
+pub fn coefficient_of_variation(counts: &[u64]) -> f64 {
+    let n = counts.len() as f64;
+    let mean = counts.iter().sum::<u64>() as f64 / n;
+    if counts.is_empty() || mean == 0.0 {
+        return 0.0;
+    }
+    let var = counts
+        .iter()
+        .map(|&c| (c as f64 - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    var.sqrt() / mean
+}
+
 /// One engine and the step it is running.
 struct Slot {
     core: EngineCore,
@@ -273,13 +370,90 @@ struct Live {
     reason: Reason,
 }
 
-/// Replays `records` (timestamps ascending) through a router and `cfg.engines` simulated
-/// engines on a virtual clock; see the module doc for what is modelled.
+/// One step's KV events on their way to the router.
+enum Payload {
+    /// vLLM's msgpack batch, for the [`Consumer`].
+    Wire(Vec<u8>),
+    /// The same batch decoded.
+    Decoded(EventBatch),
+}
+
+/// A closed-loop request due at `ms` (virtual); ties go to the lower record index.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Due {
+    ms: f64,
+    idx: usize,
+}
+
+impl Eq for Due {}
+
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.ms.total_cmp(&other.ms).then(self.idx.cmp(&other.idx))
+    }
+}
+
+/// Uniform offsets in `[0, spread_ms)` for `n` conversations from `seed` (SplitMix64, the
+/// top 53 bits of each output as a fraction).
+fn start_offsets(seed: u64, n: usize, spread_ms: f64) -> Vec<f64> {
+    // "spread" in ASCII, so the offsets do not reuse the tie-break streams.
+    let mut g = SplitMix64::from_state(seed ^ 0x7370_7265_6164);
+    (0..n)
+        .map(|_| (g.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * spread_ms)
+        .collect()
+}
+
+/// Whether `kind` reads the route key (prompt text or ids). Round robin and least request
+/// never do, so the simulator does not build a text they would ignore; any other policy,
+/// including one added later, gets the key.
+fn reads_key(kind: PolicyKind) -> bool {
+    !matches!(kind, PolicyKind::RoundRobin | PolicyKind::LeastRequest)
+}
+
+/// The gateway's two routing steps for one request, in one place: a read-only decision on a
+/// snapshot of every engine (all `eligible`: the simulator has no faults), then the record,
+/// since the request is committed to its engine at once. `seq` counts the replica's
+/// requests; `now_ms` is virtual time.
+fn route(
+    router: &Router,
+    workers: &Workers,
+    eligible: &[usize],
+    seq: u64,
+    now_ms: f64,
+    key: &RouteKey,
+    rng: &mut StdRng,
+) -> (Decision, Booking) {
+    let loads: Vec<WorkerLoad> = workers.iter().iter().map(|w| w.load_view(now_ms)).collect();
+    let snap = Snapshot {
+        workers: &loads,
+        eligible,
+        seq,
+        now_ms: now_ms as u64,
+    };
+    let d = router.decide(&snap, key, rng);
+    let booking = router.booking(&snap, key, &d);
+    router.record(key, &d, now_ms as u64);
+    (d, booking)
+}
+
+/// Replays `trace` through a router and `cfg.engines` simulated engines on a virtual clock;
+/// see the module doc for what is modelled. Open-loop records arrive at
+/// `timestamp_ms / time_scale` in slice order (timestamps ascending); closed-loop
+/// conversations send their next request when the previous one's last token is out, plus
+/// its `think_ms / time_scale`, starting at the seeded offsets of
+/// [`SimConfig::spread_secs`].
 ///
 /// # Errors
-/// [`SimError`] for a bad config, or an engine that stalls.
+/// [`SimError`] for a bad config, a prompt builder whose block size is not the trace's, or
+/// an engine that stalls.
 pub fn simulate(
-    records: &[TraceRecord],
+    trace: &Trace,
     prompts: &PromptBuilder,
     cfg: &SimConfig,
 ) -> Result<SimReport, SimError> {
@@ -305,6 +479,19 @@ pub fn simulate(
         ">= 0",
         cfg.event_delay_ms,
     )?;
+    check(
+        "spread_secs",
+        cfg.spread_secs.is_finite() && cfg.spread_secs >= 0.0,
+        ">= 0",
+        cfg.spread_secs,
+    )?;
+    if prompts.block_tokens() != trace.block_tokens {
+        return Err(SimError::BlockTokens {
+            trace: trace.block_tokens,
+            prompts: prompts.block_tokens(),
+        });
+    }
+    let records = &trace.records;
     let mut slots = (0..cfg.engines)
         .map(|i| {
             Ok(Slot {
@@ -338,7 +525,9 @@ pub fn simulate(
     let poll_ms = cfg.router.load_poll_ms as f64;
     let mut next_poll = (cfg.router.load_poll_ms > 0).then_some(0.0f64);
     let stream_base = SplitMix64::from_state(cfg.seed).next_u64();
-    let mut live: HashMap<u64, Live> = HashMap::new();
+    let with_text = cfg.routing == Routing::Text && reads_key(cfg.router.policy);
+    let with_ids = cfg.routing != Routing::Text;
+    let mut live: HashMap<u64, Live, FastHash> = HashMap::default();
     let mut samples: Vec<RequestSample> = (0..records.len())
         .map(|index| RequestSample {
             index,
@@ -352,18 +541,70 @@ pub fn simulate(
         index_drift: None,
         evicted_blocks: 0,
         learned: Vec::new(),
+        prefill_tokens: 0,
+        load_cv: 0.0,
+        sticky: Sticky::default(),
+        arrival_ms: vec![f64::NAN; records.len()],
     };
-    // (due, worker, seq, msgpack batch): FIFO is time order (constant delay).
-    let mut events: VecDeque<(f64, usize, u64, Vec<u8>)> = VecDeque::new();
+    // (due, worker, seq, batch): FIFO is time order (constant delay).
+    let mut events: VecDeque<(f64, usize, u64, Payload)> = VecDeque::new();
+
+    // Arrivals. Open loop: slice order, at timestamp / time_scale. Closed loop: a heap of
+    // due requests; a conversation's next request is pushed when its previous one ends.
+    let open: Vec<usize> = (0..records.len())
+        .filter(|&i| trace.meta[i].conversation.is_none())
+        .collect();
+    let mut next_open = 0usize;
     let arrival = |i: usize| records[i].timestamp_ms as f64 / cfg.time_scale;
-    let mut next = 0usize;
+    let mut turns: Vec<Vec<usize>> = vec![Vec::new(); trace.conversations];
+    for (i, m) in trace.meta.iter().enumerate() {
+        if let Some(c) = m.conversation {
+            turns[c as usize].push(i);
+        }
+    }
+    // Position of each record in its conversation, to find the next one.
+    let mut turn_of: Vec<usize> = vec![0; records.len()];
+    for t in &turns {
+        for (k, &i) in t.iter().enumerate() {
+            turn_of[i] = k;
+        }
+    }
+    let think = |i: usize| trace.meta[i].think_ms / cfg.time_scale;
+    let offsets = start_offsets(cfg.seed, turns.len(), cfg.spread_secs * 1e3);
+    let mut due: BinaryHeap<Reverse<Due>> = turns
+        .iter()
+        .zip(&offsets)
+        .filter_map(|(t, &o)| {
+            t.first().map(|&i| {
+                Reverse(Due {
+                    ms: o / cfg.time_scale + think(i),
+                    idx: i,
+                })
+            })
+        })
+        .collect();
+    let next_turn = |i: usize, at: f64, due: &mut BinaryHeap<Reverse<Due>>| {
+        if let Some(c) = trace.meta[i].conversation
+            && let Some(&j) = turns[c as usize].get(turn_of[i] + 1)
+        {
+            due.push(Reverse(Due {
+                ms: at + think(j),
+                idx: j,
+            }));
+        }
+    };
+    let mut routed_order: Vec<usize> = Vec::with_capacity(records.len());
+    let mut first_ms: Option<f64> = None;
+    let mut routed = 0usize;
     let mut last_ms = 0.0f64;
     loop {
-        let more = next < records.len() || !live.is_empty();
+        let pending = next_open < open.len() || !due.is_empty();
+        let more = pending || !live.is_empty();
         let t = [
             slots.iter().filter_map(|s| s.busy_until).reduce(f64::min),
             events.front().map(|e| e.0),
-            (next < records.len()).then(|| arrival(next)),
+            (next_open < open.len()).then(|| arrival(open[next_open])),
+            due.peek().map(|d| d.0.ms),
             next_poll.filter(|_| more),
         ]
         .into_iter()
@@ -396,6 +637,7 @@ pub fn simulate(
                     s.status = Some(200);
                     s.usage_seen = true;
                     live.remove(&id);
+                    next_turn(id as usize, t, &mut due);
                 }
             }
         }
@@ -407,18 +649,23 @@ pub fn simulate(
                 rank: 0,
             };
             index.set_now(t as u64);
-            let replay = consumer.handle(
-                &mut index,
-                stream,
-                Input::Live {
-                    seq,
-                    payload: &payload,
-                },
-            );
-            debug_assert!(
-                replay.is_none(),
-                "a lossless stream never asks for a replay"
-            );
+            match payload {
+                Payload::Wire(bytes) => {
+                    let replay = consumer.handle(
+                        &mut index,
+                        stream,
+                        Input::Live {
+                            seq,
+                            payload: &bytes,
+                        },
+                    );
+                    debug_assert!(
+                        replay.is_none(),
+                        "a lossless stream never asks for a replay"
+                    );
+                }
+                Payload::Decoded(batch) => index.apply_batch(stream, &batch),
+            }
             let blocks = index.worker_blocks(w as u32) as u64;
             for (_, workers) in &replicas {
                 if let Some(worker) = workers.get(w) {
@@ -444,46 +691,44 @@ pub fn simulate(
             }
             next_poll = Some(t + poll_ms);
         }
-        // 4. Arrivals are routed and queued on their engine.
-        while next < records.len() && arrival(next) <= t {
-            let r = &records[next];
-            let ids = prompts.prompt_tokens(r);
+        // 4. Arrivals are routed and queued on their engine (open loop first at a tie).
+        loop {
+            let i = if next_open < open.len() && arrival(open[next_open]) <= t {
+                next_open += 1;
+                open[next_open - 1]
+            } else if due.peek().is_some_and(|d| d.0.ms <= t) {
+                due.pop().expect("peeked").0.idx
+            } else {
+                break;
+            };
+            first_ms.get_or_insert(t);
+            report.arrival_ms[i] = t;
+            let r = &records[i];
+            let (ids, text) = prompts.prompt(r, &trace.meta[i], with_text);
             let key = RouteKey {
-                text: match cfg.routing {
-                    Routing::Text => prompts.prompt_text(r),
-                    Routing::Tokens | Routing::Events => String::new(),
-                },
-                input_ids: (cfg.routing != Routing::Text).then(|| ids.clone()),
+                text: text.unwrap_or_default(),
+                input_ids: with_ids.then(|| ids.clone()),
                 ..RouteKey::default()
             };
             // Common random numbers: request i's tie-breaks draw from its own stream, so two
             // runs that see the same candidates and loads for it decide the same, and runs of
             // different policies diverge only where their indexes differ.
-            let mut rng = StdRng::seed_from_u64(stream_base.wrapping_add(next as u64));
-            let (router, workers) = &replicas[next % replicas.len()];
-            // The gateway's two steps: a read-only decision on a snapshot of every engine
-            // (all eligible: the simulator has no faults), then the record, since the request
-            // is committed to its engine at once. `seq` counts this replica's requests.
-            let loads: Vec<WorkerLoad> = workers.iter().iter().map(|w| w.load_view(t)).collect();
-            let snap = Snapshot {
-                workers: &loads,
-                eligible: &all_engines,
-                seq: (next / replicas.len()) as u64,
-                now_ms: t as u64,
-            };
-            let d = router.decide(&snap, &key, &mut rng);
-            let booking = router.booking(&snap, &key, &d);
-            router.record(&key, &d, t as u64);
+            let mut rng = StdRng::seed_from_u64(stream_base.wrapping_add(i as u64));
+            let (router, workers) = &replicas[routed % replicas.len()];
+            let seq = (routed / replicas.len()) as u64;
+            let (d, booking) = route(router, workers, &all_engines, seq, t, &key, &mut rng);
+            routed += 1;
+            routed_order.push(i);
             *report.decisions.entry(d.reason.as_str()).or_default() += 1;
-            let s = &mut samples[next];
+            let s = &mut samples[i];
             s.worker = Some(format!("sim-{}", d.worker));
             match slots[d.worker]
                 .core
-                .add_request(next as u64, ids, r.output_length)
+                .add_request(i as u64, ids, r.output_length)
             {
                 Ok(()) => {
                     live.insert(
-                        next as u64,
+                        i as u64,
                         Live {
                             load: workers
                                 .get(d.worker)
@@ -497,9 +742,9 @@ pub fn simulate(
                 Err(_) => {
                     s.status = Some(400);
                     s.error = Some("status_400".into());
+                    next_turn(i, t, &mut due);
                 }
             }
-            next += 1;
         }
         // 5. Engines with work start a step now; its events are published at its start.
         for (w, slot) in slots.iter_mut().enumerate() {
@@ -519,7 +764,11 @@ pub fn simulate(
             }
             if on_events && !out.events.is_empty() {
                 let bs = slot.core.block_size();
-                let payload = encode_batch(t / 1e3, &out.events, bs, Encoding::Array, 0);
+                let payload = if cfg.wire_events {
+                    Payload::Wire(encode_batch(t / 1e3, &out.events, bs, Encoding::Array, 0))
+                } else {
+                    Payload::Decoded(decoded_batch(t / 1e3, &out.events, bs, 0))
+                };
                 events.push_back((t + cfg.event_delay_ms, w, slot.seq, payload));
                 slot.seq += 1;
             }
@@ -536,10 +785,28 @@ pub fn simulate(
         keep_samples: true,
         ..ReplayConfig::default()
     };
-    let first_ms = records
-        .first()
-        .map_or(0.0, |r| r.timestamp_ms as f64 / cfg.time_scale);
-    report.replay = replay::aggregate(&rcfg, samples, (last_ms - first_ms) / 1e3);
+    let worker_of = |s: &RequestSample| {
+        s.worker
+            .as_deref()
+            .and_then(|w| w.strip_prefix("sim-"))
+            .and_then(|w| w.parse::<usize>().ok())
+    };
+    let mut per_engine = vec![0u64; cfg.engines];
+    for s in &samples {
+        if let Some(w) = worker_of(s) {
+            per_engine[w] += 1;
+        }
+    }
+    report.load_cv = coefficient_of_variation(&per_engine);
+    report.sticky = sticky_share(routed_order.iter().filter_map(|&i| {
+        let s = &samples[i];
+        let w = worker_of(s)?;
+        s.error
+            .is_none()
+            .then(|| (trace.meta[i].namespace, records[i].hash_ids.as_slice(), w))
+    }));
+    report.replay = replay::aggregate(&rcfg, samples, (last_ms - first_ms.unwrap_or(0.0)) / 1e3);
+    report.prefill_tokens = report.replay.prompt_tokens - report.replay.cached_tokens;
     if on_events {
         report.index_drift = Some(drift(&index, &slots));
     }
@@ -565,12 +832,12 @@ pub fn simulate(
 fn drift(index: &EventIndex, slots: &[Slot]) -> IndexDrift {
     let mut d = IndexDrift::default();
     for (w, slot) in slots.iter().enumerate() {
-        let truth: HashSet<u64> = slot.core.cached_hashes().into_iter().collect();
+        let truth: HashSet<u64, FastHash> = slot.core.cached_hashes().into_iter().collect();
         let stream = StreamId {
             worker: w as u32,
             rank: 0,
         };
-        let got: HashSet<u64> = index
+        let got: HashSet<u64, FastHash> = index
             .engine_hashes(stream, Tier::Device)
             .into_iter()
             .collect();
@@ -584,8 +851,19 @@ fn drift(index: &EventIndex, slots: &[Slot]) -> IndexDrift {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{MOONCAKE_BLOCK_TOKENS, WordIds, engine_cache_bound};
+    use crate::trace::{
+        MOONCAKE_BLOCK_TOKENS, RequestMeta, TraceFormat, TraceRecord, WordIds, engine_cache_bound,
+    };
     use crate::workload::{WorkloadParams, builtin_workload};
+
+    /// Open-loop Mooncake-style records through the simulator.
+    fn simulate(
+        records: &[TraceRecord],
+        p: &PromptBuilder,
+        cfg: &SimConfig,
+    ) -> Result<SimReport, SimError> {
+        super::simulate(&Trace::mooncake(records.to_vec()), p, cfg)
+    }
 
     fn prompts() -> PromptBuilder {
         // A toy vocabulary of 64 distinct words: 16-word blocks of different ids never match.
@@ -614,6 +892,8 @@ mod tests {
             seed: DEFAULT_SEED,
             event_delay_ms: DEFAULT_EVENT_DELAY_MS,
             replicas: 1,
+            spread_secs: DEFAULT_SPREAD_SECS,
+            wire_events: true,
         }
     }
 
@@ -827,11 +1107,190 @@ mod tests {
             })
         ));
         cfg.event_delay_ms = 0.0;
+        cfg.spread_secs = -1.0;
+        assert!(matches!(
+            simulate(&records, &p, &cfg),
+            Err(SimError::BadParameter {
+                field: "spread_secs",
+                ..
+            })
+        ));
+        cfg.spread_secs = 0.0;
+        assert!(simulate(&records, &p, &cfg).is_ok());
+        assert!(matches!(
+            super::simulate(&Trace::mooncake(records.clone()), &weka_prompts(), &cfg),
+            Err(SimError::BlockTokens {
+                trace: 512,
+                prompts: 64
+            })
+        ));
         cfg.engine.num_gpu_blocks = 0;
         assert!(matches!(
             simulate(&records, &p, &cfg),
             Err(SimError::Engine(_))
         ));
+    }
+
+    /// The decoded fast path and the msgpack wire give the same report, request by request,
+    /// under eviction and with two replicas.
+    #[test]
+    fn decoded_events_equal_the_wire() {
+        let records = workload(20);
+        for replicas in [1, 2] {
+            let mut cfg = config(EVENTS_RUN, 4, 1_024);
+            cfg.replicas = replicas;
+            let wire = simulate(&records, &prompts(), &cfg).unwrap();
+            cfg.wire_events = false;
+            let fast = simulate(&records, &prompts(), &cfg).unwrap();
+            assert!(wire.evicted_blocks > 1_000);
+            assert_eq!(
+                serde_json::to_value(&wire).unwrap(),
+                serde_json::to_value(&fast).unwrap(),
+                "replicas {replicas}"
+            );
+        }
+    }
+
+    /// Round robin and least request never read the key, so skipping the text for them
+    /// changes nothing: the same reports as token routing (which builds no text either way).
+    #[test]
+    fn key_blind_policies_decide_the_same_without_text() {
+        let records = workload(10);
+        for name in ["round_robin", "least_request"] {
+            let text = simulate(&records, &prompts(), &config(name, 4, 2_048)).unwrap();
+            let mut cfg = config(name, 4, 2_048);
+            cfg.routing = Routing::Tokens;
+            let ids = simulate(&records, &prompts(), &cfg).unwrap();
+            assert_eq!(
+                serde_json::to_value(&text.replay).unwrap(),
+                serde_json::to_value(&ids.replay).unwrap(),
+                "{name}"
+            );
+        }
+    }
+
+    /// A hand-made closed-loop trace: conversation c has requests `(c, k)` with 1,000-token
+    /// prompts (ids local to namespace c + 1) and think times of 500 ms · (k + c).
+    fn conversations(n: usize, turns: usize) -> Trace {
+        let mut t = Trace::empty(TraceFormat::Weka, 64);
+        for c in 0..n {
+            let mut one = Trace::empty(TraceFormat::Weka, 64);
+            for k in 0..turns {
+                let blocks = 10 + 2 * k as u64;
+                one.records.push(TraceRecord {
+                    timestamp_ms: 0,
+                    input_length: blocks as u32 * 64 + 20,
+                    output_length: 5,
+                    hash_ids: (1..=blocks).collect(),
+                });
+                one.meta.push(RequestMeta {
+                    namespace: c as u32 + 1,
+                    tail_id: Some(k as u64),
+                    conversation: Some(0),
+                    think_ms: 500.0 * (k + c) as f64,
+                });
+            }
+            one.conversations = 1;
+            t.append_conversations(one);
+        }
+        t
+    }
+
+    fn weka_prompts() -> PromptBuilder {
+        prompts().with_block_tokens(64)
+    }
+
+    /// Closed loop: each request arrives exactly when its conversation's previous one ended
+    /// plus its think time (scaled), never earlier; conversations start at seeded offsets
+    /// within the spread, the same for every policy.
+    #[test]
+    fn closed_loop_sends_after_the_previous_response_and_think_time() {
+        let trace = conversations(3, 4);
+        for (name, scale) in [("round_robin", 1.0), (EVENTS_RUN, 2.0)] {
+            let mut cfg = config(name, 2, 4_096);
+            cfg.time_scale = scale;
+            cfg.spread_secs = 10.0;
+            let rep = super::simulate(&trace, &weka_prompts(), &cfg).unwrap();
+            assert_eq!(rep.replay.ok, 12, "{name}");
+            let s = &rep.replay.samples;
+            for c in 0..3 {
+                let first = rep.arrival_ms[c * 4];
+                let offset =
+                    (start_offsets(cfg.seed, 3, 10_000.0)[c] + trace.meta[c * 4].think_ms) / scale;
+                assert!(
+                    (first - offset).abs() < 1e-9,
+                    "{name} c{c}: {first} vs {offset}"
+                );
+                assert!((0.0..11_000.0).contains(&(first * scale)));
+                for k in 1..4 {
+                    let (prev, this) = (c * 4 + k - 1, c * 4 + k);
+                    let end = rep.arrival_ms[prev] + s[prev].e2e_us as f64 / 1e3;
+                    let want = end + trace.meta[this].think_ms / scale;
+                    // e2e is kept in whole µs.
+                    assert!(
+                        (rep.arrival_ms[this] - want).abs() < 2e-3,
+                        "{name} c{c} k{k}: {} vs {want}",
+                        rep.arrival_ms[this]
+                    );
+                }
+            }
+        }
+    }
+
+    /// One engine that never evicts serves a closed-loop trace's engine-level bound exactly
+    /// (engine-model.md §9): namespaces keep conversations apart, tails are private.
+    #[test]
+    fn one_unbounded_engine_serves_the_closed_loop_bound() {
+        let trace = conversations(3, 4);
+        let bound = trace.engine_bound(16);
+        // Turn k > 0 hits the previous turn's 10 + 2(k−1) blocks: 64-token ids are whole
+        // engine blocks, so the bound counts them all.
+        let hit: u64 = (0..3)
+            .map(|_| (1..4).map(|k| (10 + 2 * (k - 1)) * 64).sum::<u64>())
+            .sum();
+        let total: u64 = trace
+            .records
+            .iter()
+            .map(|r| u64::from(r.input_length))
+            .sum();
+        assert!((bound - hit as f64 / total as f64).abs() < 1e-12, "{bound}");
+        for name in RUNS {
+            let cfg = config(name, 1, 40_000);
+            let rep = super::simulate(&trace, &weka_prompts(), &cfg).unwrap();
+            assert!((rep.replay.hit_rate - bound).abs() < 1e-12, "{name}");
+            assert_eq!(rep.prefill_tokens, total - hit, "{name}");
+        }
+    }
+
+    /// Worked example of the sticky share: r0 [1,2] on w0; r1 [1,2,3] on w1 (seen prefix up
+    /// to id 2, first computed by w0: not sticky; id 3 credited to w1); r2 [1,2,3,4] on w1
+    /// (longest seen prefix ends at id 3, first in r1 on w1: sticky); r3 [9] in another
+    /// namespace has no seen prefix. Share 1/2.
+    #[test]
+    fn sticky_share_follows_the_first_computer_of_the_longest_seen_prefix() {
+        let r: [(u32, &[u64], usize); 4] = [
+            (0, &[1, 2], 0),
+            (0, &[1, 2, 3], 1),
+            (0, &[1, 2, 3, 4], 1),
+            (1, &[1], 0),
+        ];
+        let s = sticky_share(r);
+        assert_eq!((s.with_seen_prefix, s.sticky), (2, 1));
+        assert_eq!(s.share, 0.5);
+        assert_eq!(sticky_share([]).share, 0.0);
+        // A cache-blind spread of one repeated prompt over 4 engines is sticky 1 in 4.
+        let ids = [7u64, 8];
+        let rr: Vec<(u32, &[u64], usize)> = (0..9).map(|i| (0, &ids[..], i % 4)).collect();
+        let s = sticky_share(rr);
+        assert_eq!((s.with_seen_prefix, s.sticky), (8, 2));
+    }
+
+    #[test]
+    fn coefficient_of_variation_of_loads() {
+        // Mean 4, deviations ±2: population sd 2, cv 0.5.
+        assert!((coefficient_of_variation(&[2, 6, 2, 6]) - 0.5).abs() < 1e-12);
+        assert_eq!(coefficient_of_variation(&[3, 3, 3]), 0.0);
+        assert_eq!(coefficient_of_variation(&[]), 0.0);
     }
 
     #[test]
@@ -855,7 +1314,7 @@ mod tests {
 #[cfg(test)]
 mod calibration_tests {
     use super::*;
-    use crate::trace::WordIds;
+    use crate::trace::{TraceRecord, WordIds};
 
     fn prompts() -> PromptBuilder {
         let letter = |i: u32| char::from(b'a' + i as u8);
@@ -872,7 +1331,9 @@ mod calibration_tests {
         let mut s = 3u64;
         let records: Vec<TraceRecord> = (0..150u64)
             .map(|i| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let blocks = 1 + (s >> 33) % 60;
                 TraceRecord {
                     timestamp_ms: i * 60_000,
@@ -897,8 +1358,10 @@ mod calibration_tests {
             seed: DEFAULT_SEED,
             event_delay_ms: DEFAULT_EVENT_DELAY_MS,
             replicas: 1,
+            spread_secs: DEFAULT_SPREAD_SECS,
+            wire_events: false,
         };
-        let rep = simulate(&records, &prompts(), &cfg).unwrap();
+        let rep = simulate(&Trace::mooncake(records), &prompts(), &cfg).unwrap();
         let c = rep.learned[0];
         let truth = [32.49, 169.14, 4.0 * 169.14];
         for (got, want) in c.ms.iter().zip(truth) {

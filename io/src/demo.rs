@@ -270,8 +270,12 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     // hit rates (README, "The simulator").
     let mut simulated = Vec::new();
     for (name, run) in &runs {
-        let rep = kvroute_bench::sim::simulate(&records, &prompts, &fleet.config(*run))
-            .with_context(|| format!("simulating {name}"))?;
+        let rep = kvroute_bench::sim::simulate(
+            &kvroute_bench::trace::Trace::mooncake(records.clone()),
+            &prompts,
+            &fleet.config(*run),
+        )
+        .with_context(|| format!("simulating {name}"))?;
         simulated.push(format!("{name} {:.1} %", rep.replay.hit_rate * 100.0));
         extras.push((
             name.clone(),

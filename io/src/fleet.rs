@@ -4,7 +4,7 @@
 use anyhow::Context;
 use kvroute_bench::engine::{self, EngineConfig};
 use kvroute_bench::sim::{self, Run, SimConfig};
-use kvroute_bench::trace::{self, TraceRecord};
+use kvroute_bench::trace::{self, Trace, TraceRecord};
 use kvroute_bench::workload::{self, WorkloadParams};
 use kvroute_core::config::Config;
 use std::path::{Path, PathBuf};
@@ -28,7 +28,9 @@ pub const DEMO_TIME_SCALE: f64 = 4.0;
 /// The workload and fleet flags of `kvroute demo` and `kvroute simulate`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct FleetArgs {
-    /// Replay this Mooncake-format JSONL trace instead of the built-in workload.
+    /// Replay this trace instead of the built-in workload: a Mooncake JSONL file (open loop;
+    /// `demo` takes only these), or for `simulate` also a WEKA JSON document or a directory
+    /// of them (closed loop, one conversation per file); the format is detected.
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Take only the first N requests of the workload.
@@ -39,8 +41,13 @@ pub struct FleetArgs {
     pub engines: usize,
     /// KV capacity of each engine, blocks [default: 4,096 for the built-in workload, 16,384
     /// with --trace; never below what the longest prompt needs].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "capacity_factor")]
     pub num_gpu_blocks: Option<usize>,
+    /// KV capacity of each engine as a multiple of the largest request's prompt:
+    /// `num_gpu_blocks = ⌈factor × max input tokens / 16⌉` (e.g. 1.25; never below what the
+    /// longest request needs).
+    #[arg(long)]
+    pub capacity_factor: Option<f64>,
     /// Engine speed-up over the timing model.
     #[arg(long, default_value_t = DEMO_SPEEDUP_RATIO)]
     pub speedup_ratio: f64,
@@ -60,11 +67,21 @@ pub struct FleetArgs {
 }
 
 impl FleetArgs {
-    /// The fleet these flags set up for `records` (KV capacity from [`engine_blocks`]).
+    /// The fleet these flags set up for `records` (KV capacity from [`engine_blocks`], or
+    /// from [`capacity_blocks`] with `--capacity-factor`).
     pub fn fleet(&self, records: &[TraceRecord]) -> Fleet {
+        let requested = self
+            .num_gpu_blocks
+            .or_else(|| self.capacity_factor.map(|f| capacity_blocks(f, records)));
         Fleet {
             engines: self.engines,
-            num_gpu_blocks: engine_blocks(self.num_gpu_blocks, self.trace.is_some(), records),
+            num_gpu_blocks: engine_blocks(requested, self.trace.is_some(), records),
+            max_model_len: records
+                .iter()
+                .map(|r| r.input_length as usize)
+                .max()
+                .unwrap_or(0)
+                .max(engine::defaults::MAX_MODEL_LEN),
             speedup_ratio: self.speedup_ratio,
             time_scale: self.time_scale,
             replicas: self.replicas,
@@ -90,6 +107,32 @@ pub fn load_records(
         records.truncate(n);
     }
     Ok(records)
+}
+
+/// The workload of `kvroute simulate`: a trace file or directory in any format
+/// ([`trace::load_trace`]), or the built-in workload (open loop), first `max_requests`
+/// records.
+///
+/// # Errors
+/// The trace cannot be read or parsed.
+pub fn load_trace(trace: Option<&Path>, max_requests: Option<usize>) -> anyhow::Result<Trace> {
+    match trace {
+        Some(path) => trace::load_trace(path, max_requests)
+            .with_context(|| format!("loading {}", path.display())),
+        None => Ok(Trace::mooncake(load_records(None, max_requests)?)),
+    }
+}
+
+/// KV blocks of 16 tokens for `factor` times the largest prompt of `records`:
+/// `⌈factor × max input_length / 16⌉` (0 for no records or a factor ≤ 0).
+pub fn capacity_blocks(factor: f64, records: &[TraceRecord]) -> usize {
+    let max_input = records.iter().map(|r| r.input_length).max().unwrap_or(0);
+    let blocks = (factor * f64::from(max_input) / engine::defaults::BLOCK_SIZE as f64).ceil();
+    if blocks.is_finite() && blocks > 0.0 {
+        blocks as usize
+    } else {
+        0
+    }
 }
 
 /// KV capacity of each demo engine, blocks: `requested`, else [`DEMO_TRACE_NUM_GPU_BLOCKS`]
@@ -120,6 +163,9 @@ pub struct Fleet {
     pub engines: usize,
     /// KV capacity of each engine, blocks.
     pub num_gpu_blocks: usize,
+    /// Longest prompt an engine accepts, tokens: the engine default, raised to the
+    /// workload's longest prompt so that every request is served (WEKA prompts reach 310k).
+    pub max_model_len: usize,
     /// Engine speed-up over the timing model.
     pub speedup_ratio: f64,
     /// Trace timestamps are divided by this.
@@ -133,13 +179,14 @@ pub struct Fleet {
 impl Fleet {
     /// The simulator's config for `run` on this fleet, every other setting at its default
     /// (the router's [`Config::default`], seed [`sim::DEFAULT_SEED`], events delay
-    /// [`sim::DEFAULT_EVENT_DELAY_MS`]).
+    /// [`sim::DEFAULT_EVENT_DELAY_MS`], spread [`sim::DEFAULT_SPREAD_SECS`], decoded events).
     pub fn config(&self, run: Run) -> SimConfig {
         SimConfig {
             engines: self.engines,
             engine: EngineConfig {
                 num_gpu_blocks: self.num_gpu_blocks,
                 speedup_ratio: self.speedup_ratio,
+                max_model_len: self.max_model_len,
                 ..EngineConfig::default()
             },
             router: Config {
@@ -152,6 +199,34 @@ impl Fleet {
             seed: sim::DEFAULT_SEED,
             event_delay_ms: sim::DEFAULT_EVENT_DELAY_MS,
             replicas: self.replicas,
+            spread_secs: sim::DEFAULT_SPREAD_SECS,
+            wire_events: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(input_length: u32) -> TraceRecord {
+        TraceRecord {
+            timestamp_ms: 0,
+            input_length,
+            output_length: 10,
+            hash_ids: vec![0],
+        }
+    }
+
+    /// Worked example: the largest prompt is 310,241 tokens (WEKA trace_0056); 1.25 × that
+    /// / 16 = 24,237.6 → 24,238 blocks.
+    #[test]
+    fn capacity_factor_scales_the_largest_prompt() {
+        let records = [rec(15_459), rec(310_241)];
+        assert_eq!(capacity_blocks(1.25, &records), 24_238);
+        assert_eq!(capacity_blocks(1.25, &[]), 0);
+        assert_eq!(capacity_blocks(-1.0, &records), 0);
+        // Never below what the longest request needs (prompt + output + 2 blocks).
+        assert_eq!(engine_blocks(Some(10), true, &records), 310_251 / 16 + 2);
     }
 }

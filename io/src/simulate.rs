@@ -1,14 +1,19 @@
 //! `kvroute simulate`: the demo's comparison on the discrete-event simulator
-//! ([`kvroute_bench::sim`]): the same policies, engines and workload on a virtual clock, so a
-//! run takes about a second, has no run-to-run noise, and can be repeated over seeds.
+//! ([`kvroute_bench::sim`]): the same policies and engines on a virtual clock, over the
+//! built-in workload, a Mooncake trace (open loop) or WEKA conversations (closed loop), with
+//! no run-to-run noise; repeatable over seeds (`--runs`) and over a grid of router knobs
+//! (`--sweep`).
 
 use crate::fleet::{self, FleetArgs};
 use anyhow::Context;
-use kvroute_bench::replay;
+use kvroute_bench::engine;
 use kvroute_bench::sim::{self, Run, SimReport};
-use kvroute_bench::trace::{self, PromptBuilder, WordIds};
+use kvroute_bench::trace::{self, PromptBuilder, Trace, WordIds};
 use kvroute_bench::workload::{self, WorkloadParams};
+use kvroute_core::config::Config;
 use kvroute_tokenize::Tokenizer;
+use serde_json::{Value, json};
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -26,7 +31,7 @@ pub struct SimulateArgs {
     /// workload, workload seed `workload_seed + k` (a trace file stays the same).
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
     pub runs: usize,
-    /// Seed of the router's tie-breaking RNG (run 0).
+    /// Seed of the router's tie-breaking RNG and of the closed-loop start offsets (run 0).
     #[arg(long, default_value_t = sim::DEFAULT_SEED)]
     pub seed: u64,
     /// Seed of the built-in workload (run 0).
@@ -35,6 +40,14 @@ pub struct SimulateArgs {
     /// Virtual ms from an engine step's start until its KV events are in the router's index.
     #[arg(long, default_value_t = sim::DEFAULT_EVENT_DELAY_MS)]
     pub event_delay_ms: f64,
+    /// Closed-loop traces (WEKA): conversations start at seeded offsets uniform within this
+    /// many seconds of trace time (divided by --time-scale like think times).
+    #[arg(long, default_value_t = sim::DEFAULT_SPREAD_SECS)]
+    pub spread_secs: f64,
+    /// Send KV events through the vLLM msgpack wire format and the router's consumer
+    /// instead of as decoded batches (same results, slower).
+    #[arg(long)]
+    pub wire_events: bool,
     /// cache_aware's match threshold, fraction 0–1 (as `kvroute serve --cache-threshold`).
     #[arg(long, default_value_t = kvroute_core::config::defaults::CACHE_THRESHOLD)]
     pub cache_threshold: f64,
@@ -48,16 +61,150 @@ pub struct SimulateArgs {
     /// e.g. `ttft_prefill_weight=2`).
     #[arg(long = "knob", value_name = "NAME=VALUE")]
     pub knobs: Vec<String>,
-    /// Write every run's reports as JSON to this file.
+    /// A grid over router config knobs, `KNOB=V1,V2,..` (repeatable; KNOB is a field of the
+    /// router's TOML config, e.g. `cache_threshold=0.3,0.5`; values are JSON, else strings).
+    /// Every combination runs every policy; the best setting per policy is printed: the
+    /// lowest TTFT p99 among settings within one point of the best hit rate.
+    #[arg(long, value_name = "KNOB=V1,V2")]
+    pub sweep: Vec<String>,
+    /// Write `{"runs":[{"seed","policies":[{policy, requests, errors, hit_rate,
+    /// bound_hit_rate, prefill_tokens, ttft_ms, tpot_ms, e2e_ms, max_over_mean_load,
+    /// load_cv, sticky_share, wall_s, setting}]}]}` to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
-/// `kvroute simulate`: prints one comparison table per run (or, with `--runs` > 1, one line
-/// per run and a summary per policy).
+/// One knob setting of a sweep: `(field, value)` pairs, applied in order.
+pub type Setting = Vec<(String, Value)>;
+
+/// One simulated policy under one setting.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Policy name as given to `--policies`.
+    pub policy: String,
+    /// The sweep setting (empty without `--sweep`).
+    pub setting: Setting,
+    /// The simulator's report.
+    pub report: SimReport,
+    /// Wall-clock seconds the simulation took.
+    pub wall_s: f64,
+}
+
+/// Parses the `--sweep` flags into the grid of settings, in flag order, the last knob
+/// varying fastest; one empty setting without flags.
 ///
 /// # Errors
-/// Unknown policy, unreadable trace, invalid engine config, a stalled engine.
+/// A flag without `=` or without values; a knob that is not a field of [`Config`] (the
+/// message lists the fields); `policy` (use `--policies`).
+pub fn sweep_grid(flags: &[String]) -> anyhow::Result<Vec<Setting>> {
+    let fields = config_fields();
+    let mut grid: Vec<Setting> = vec![Vec::new()];
+    for flag in flags {
+        let (knob, values) = flag
+            .split_once('=')
+            .with_context(|| format!("--sweep {flag:?}: expected KNOB=V1,V2,.."))?;
+        let knob = knob.trim();
+        if knob == "policy" {
+            anyhow::bail!("--sweep policy: compare policies with --policies");
+        }
+        if !fields.iter().any(|f| f == knob) {
+            anyhow::bail!(
+                "--sweep: unknown knob {knob:?}; router config knobs are: {}",
+                fields.join(", ")
+            );
+        }
+        let values: Vec<Value> = values
+            .split(',')
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(|v| serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string())))
+            .collect();
+        if values.is_empty() {
+            anyhow::bail!("--sweep {flag:?}: no values");
+        }
+        grid = grid
+            .into_iter()
+            .flat_map(|s| {
+                values.iter().map(move |v| {
+                    let mut s = s.clone();
+                    s.push((knob.to_string(), v.clone()));
+                    s
+                })
+            })
+            .collect();
+    }
+    Ok(grid)
+}
+
+/// Field names of the serialized router [`Config`], sorted.
+fn config_fields() -> Vec<String> {
+    let v = serde_json::to_value(Config::default()).expect("Config serializes");
+    let mut f: Vec<String> = v
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    f.sort();
+    f
+}
+
+/// `cfg` with `setting` applied through its serialized form (so every config field is a
+/// knob without code here), then validated as `kvroute serve` would.
+///
+/// # Errors
+/// A value of the wrong type for its field, or one [`Config::validate`] refuses.
+pub fn apply_setting(cfg: &Config, setting: &Setting) -> anyhow::Result<Config> {
+    if setting.is_empty() {
+        return Ok(cfg.clone());
+    }
+    let mut v = serde_json::to_value(cfg)?;
+    let obj = v
+        .as_object_mut()
+        .context("Config serializes to an object")?;
+    for (k, val) in setting {
+        // A policy knob lives in the `[knobs]` table; any other name is a top-level key
+        // (an unknown one fails below, naming it).
+        let knobs = obj.get_mut("knobs").and_then(Value::as_object_mut);
+        match knobs {
+            Some(kn) if kn.contains_key(k) => {
+                kn.insert(k.clone(), val.clone());
+            }
+            _ => {
+                obj.insert(k.clone(), val.clone());
+            }
+        }
+    }
+    let label = setting_label(setting);
+    let out: Config =
+        serde_json::from_value(v).with_context(|| format!("--sweep {label}: bad value"))?;
+    Config {
+        workers: vec!["http://sim-0:80".into()],
+        ..out.clone()
+    }
+    .validate()
+    .with_context(|| format!("--sweep {label}"))?;
+    Ok(out)
+}
+
+/// `knob=value` pairs joined by spaces (`-` when empty).
+pub fn setting_label(setting: &Setting) -> String {
+    if setting.is_empty() {
+        return "-".into();
+    }
+    setting
+        .iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => format!("{k}={s}"),
+            v => format!("{k}={v}"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `kvroute simulate`: prints one comparison table per run (or, with `--runs` > 1, one line
+/// per run and a summary per policy), and with `--sweep` the best setting per policy.
+///
+/// # Errors
+/// Unknown policy or knob, unreadable trace, invalid engine config, a stalled engine.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let runs: Vec<(String, Run)> = sim::expand_runs(&args.policies)
@@ -69,19 +216,19 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             ))
         })
         .collect::<anyhow::Result<_>>()?;
+    let grid = sweep_grid(&args.sweep)?;
     let tokenizer = Tokenizer::qwen3()?;
-    let prompts = PromptBuilder::new(
-        WordIds::from_tokenizer(&tokenizer)?,
-        trace::MOONCAKE_NAMESPACE,
-    );
+    let words = WordIds::from_tokenizer(&tokenizer)?;
     let file = match &args.fleet.trace {
-        Some(p) => Some(fleet::load_records(Some(p), args.fleet.max_requests)?),
+        Some(p) => Some(fleet::load_trace(Some(p), args.fleet.max_requests)?),
         None => None,
     };
+    let mut out_runs = Vec::with_capacity(args.runs);
     let mut all: Vec<Vec<(String, SimReport)>> = Vec::with_capacity(args.runs);
     for k in 0..args.runs {
-        let records = match &file {
-            Some(r) => r.clone(),
+        let seed = args.seed.wrapping_add(k as u64);
+        let trace = match &file {
+            Some(t) => t.clone(),
             None => {
                 let mut r = workload::builtin_workload(&WorkloadParams {
                     seed: args.workload_seed.wrapping_add(k as u64),
@@ -90,44 +237,81 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
                 if let Some(n) = args.fleet.max_requests {
                     r.truncate(n);
                 }
-                r
+                Trace::mooncake(r)
             }
         };
-        let fleet = args.fleet.fleet(&records);
-        let mut reports = Vec::with_capacity(runs.len());
-        for (name, run) in &runs {
-            let mut cfg = fleet.config(*run);
-            cfg.router.cache_threshold = args.cache_threshold;
-            cfg.router.balance_rel_threshold = args.balance_rel_threshold;
-            cfg.router.balance_abs_threshold = args.balance_abs_threshold;
-            cfg.router.knobs.set_all(&args.knobs)?;
-            cfg.seed = args.seed.wrapping_add(k as u64);
-            cfg.event_delay_ms = args.event_delay_ms;
-            let rep = sim::simulate(&records, &prompts, &cfg)
-                .with_context(|| format!("simulating {name}"))?;
-            reports.push((name.clone(), rep));
+        let prompts = PromptBuilder::new(words.clone(), trace::MOONCAKE_NAMESPACE)
+            .with_block_tokens(trace.block_tokens);
+        let bound = trace.engine_bound(engine::defaults::BLOCK_SIZE as u32);
+        let fleet = args.fleet.fleet(&trace.records);
+        let mut rows = Vec::with_capacity(runs.len() * grid.len());
+        for setting in &grid {
+            for (name, run) in &runs {
+                let mut cfg = fleet.config(*run);
+                cfg.router.cache_threshold = args.cache_threshold;
+                cfg.router.balance_rel_threshold = args.balance_rel_threshold;
+                cfg.router.balance_abs_threshold = args.balance_abs_threshold;
+                cfg.router.knobs.set_all(&args.knobs)?;
+                cfg.router = apply_setting(&cfg.router, setting)?;
+                cfg.seed = seed;
+                cfg.event_delay_ms = args.event_delay_ms;
+                cfg.spread_secs = args.spread_secs;
+                cfg.wire_events = args.wire_events;
+                let t0 = Instant::now();
+                let report = sim::simulate(&trace, &prompts, &cfg)
+                    .with_context(|| format!("simulating {name}"))?;
+                rows.push(Row {
+                    policy: name.clone(),
+                    setting: setting.clone(),
+                    report,
+                    wall_s: t0.elapsed().as_secs_f64(),
+                });
+            }
         }
         if args.runs == 1 {
             eprintln!(
-                "kvroute simulate: {} requests, {} engines x {} KV blocks, speed-up {}, time \
-                 scale {} (virtual time)",
-                records.len(),
+                "kvroute simulate: {} requests ({:?}{}), {} engines x {} KV blocks, speed-up {}, \
+                 time scale {} (virtual time); infinite-cache bound {:.1} %",
+                trace.len(),
+                trace.format,
+                if trace.conversations > 0 {
+                    format!(", {} conversations, closed loop", trace.conversations)
+                } else {
+                    String::new()
+                },
                 fleet.engines,
                 fleet.num_gpu_blocks,
                 fleet.speedup_ratio,
-                fleet.time_scale
+                fleet.time_scale,
+                bound * 100.0
             );
-            print_one(&reports);
+            print!("{}", table(&rows, bound, !args.sweep.is_empty()));
+            print_notes(&rows);
         } else {
-            let line: Vec<String> = reports
+            let line: Vec<String> = rows
                 .iter()
-                .map(|(n, r)| format!("{n} {:.2}", r.replay.hit_rate * 100.0))
+                .map(|r| format!("{} {:.2}", r.policy, r.report.replay.hit_rate * 100.0))
                 .collect();
             println!("run {k}: hit % {}", line.join(", "));
         }
-        all.push(reports);
+        if !args.sweep.is_empty() {
+            for line in best_settings(&rows) {
+                println!("{line}");
+            }
+        }
+        out_runs.push(json!({
+            "seed": seed,
+            "policies": rows.iter().map(|r| row_json(r, bound)).collect::<Vec<_>>(),
+        }));
+        if grid.len() == 1 {
+            all.push(
+                rows.into_iter()
+                    .map(|r| (r.policy, r.report))
+                    .collect::<Vec<_>>(),
+            );
+        }
     }
-    if args.runs > 1 {
+    if args.runs > 1 && !all.is_empty() {
         println!("{}", summary(&all));
     }
     eprintln!(
@@ -135,38 +319,149 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     if let Some(out) = &args.out {
-        std::fs::write(out, serde_json::to_vec_pretty(&all)?)
+        let doc = json!({ "runs": out_runs });
+        std::fs::write(out, serde_json::to_vec_pretty(&doc)?)
             .with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
 }
 
-/// One run: the demo's table, then per policy its decisions, hit tokens and index drift.
-fn print_one(reports: &[(String, SimReport)]) {
-    let table: Vec<_> = reports
+/// The `--out` entry of one row: exactly the documented fields (hit rates as fractions 0–1,
+/// latencies in virtual ms, `wall_s` in wall seconds), plus `setting` (the sweep's knobs as
+/// an object, empty without `--sweep`).
+pub fn row_json(r: &Row, bound: f64) -> Value {
+    let rep = &r.report.replay;
+    let lat = |l: &kvroute_bench::replay::LatencySummary| json!({"p50": l.p50, "p90": l.p90, "p99": l.p99});
+    let setting: serde_json::Map<String, Value> = r.setting.iter().cloned().collect();
+    json!({
+        "policy": r.policy,
+        "requests": rep.requests,
+        "errors": rep.errors,
+        "hit_rate": rep.hit_rate,
+        "bound_hit_rate": bound,
+        "prefill_tokens": r.report.prefill_tokens,
+        "ttft_ms": lat(&rep.ttft_ms),
+        "tpot_ms": lat(&rep.tpot_ms),
+        "e2e_ms": lat(&rep.e2e_ms),
+        "max_over_mean_load": rep.max_over_mean_load,
+        "load_cv": r.report.load_cv,
+        "sticky_share": r.report.sticky.share,
+        "wall_s": r.wall_s,
+        "setting": setting,
+    })
+}
+
+/// The comparison table: per row, requests, errors, hit rate and the trace's bound (%),
+/// prefill tokens computed (millions), TTFT / TPOT / e2e p50 p90 p99 (virtual ms), max/mean
+/// load and its coefficient of variation, sticky share (%), wall seconds; with `settings`, a
+/// column of sweep settings.
+pub fn table(rows: &[Row], bound: f64, settings: bool) -> String {
+    let w = rows
         .iter()
-        .map(|(n, r)| (n.clone(), r.replay.clone()))
-        .collect();
-    println!("{}", replay::comparison_table(&table));
-    for (name, r) in reports {
+        .map(|r| r.policy.len())
+        .max()
+        .unwrap_or(0)
+        .max("policy".len());
+    let sw = if settings {
+        rows.iter()
+            .map(|r| setting_label(&r.setting).len())
+            .max()
+            .unwrap_or(0)
+            .max("setting".len())
+            + 1
+    } else {
+        0
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<w$} {:<sw$}{:>6} {:>4} {:>6} {:>6} {:>8} | {:>7} {:>7} {:>7} | {:>5} {:>5} {:>5} | \
+         {:>8} {:>8} {:>8} | {:>5} {:>5} {:>7} {:>6}",
+        "policy",
+        if settings { "setting" } else { "" },
+        "req",
+        "err",
+        "hit %",
+        "bound",
+        "prefill",
+        "TTFT50",
+        "TTFT90",
+        "TTFT99",
+        "TPOT50",
+        "90",
+        "99",
+        "e2e50",
+        "e2e90",
+        "e2e99",
+        "max/m",
+        "cv",
+        "sticky%",
+        "wall s",
+    );
+    for r in rows {
+        let rep = &r.report.replay;
+        let _ = writeln!(
+            s,
+            "{:<w$} {:<sw$}{:>6} {:>4} {:>6.1} {:>6.1} {:>7.1}M | {:>7.1} {:>7.1} {:>7.1} | \
+             {:>5.1} {:>5.1} {:>5.1} | {:>8.0} {:>8.0} {:>8.0} | {:>5.2} {:>5.2} {:>7.1} {:>6.2}",
+            r.policy,
+            if settings {
+                setting_label(&r.setting)
+            } else {
+                String::new()
+            },
+            rep.requests,
+            rep.errors,
+            rep.hit_rate * 100.0,
+            bound * 100.0,
+            r.report.prefill_tokens as f64 / 1e6,
+            rep.ttft_ms.p50,
+            rep.ttft_ms.p90,
+            rep.ttft_ms.p99,
+            rep.tpot_ms.p50,
+            rep.tpot_ms.p90,
+            rep.tpot_ms.p99,
+            rep.e2e_ms.p50,
+            rep.e2e_ms.p90,
+            rep.e2e_ms.p99,
+            rep.max_over_mean_load,
+            r.report.load_cv,
+            r.report.sticky.share * 100.0,
+            r.wall_s,
+        );
+    }
+    let _ = writeln!(
+        s,
+        "(latencies in virtual ms; hit % = cached / prompt tokens; bound = the trace's \
+         engine-level infinite-cache bound; prefill = prompt − cached tokens computed; \
+         max/m, cv = requests per engine)"
+    );
+    s
+}
+
+/// Per policy, its decisions, hit tokens and index drift.
+fn print_notes(rows: &[Row]) {
+    for r in rows {
         let decisions: Vec<String> = r
+            .report
             .decisions
             .iter()
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
-        let mut line = format!("{name}: {}", decisions.join(", "));
-        if r.hit_tokens.predicted > 0 {
-            line.push_str(&format!("; {}", r.hit_tokens));
+        let mut line = format!("{}: {}", r.policy, decisions.join(", "));
+        if r.report.hit_tokens.predicted > 0 {
+            line.push_str(&format!("; {}", r.report.hit_tokens));
         }
-        if let Some(d) = r.index_drift {
+        if let Some(d) = r.report.index_drift {
             line.push_str(&format!(
                 "; index vs engines: phantom {}, missed {} of {} cached blocks",
                 d.phantom, d.missed, d.cached
             ));
         }
         println!("{line}");
-        if r.learned.iter().any(|c| c.samples > 0) {
+        if r.report.learned.iter().any(|c| c.samples > 0) {
             let curves: Vec<String> = r
+                .report
                 .learned
                 .iter()
                 .map(|c| {
@@ -182,6 +477,44 @@ fn print_one(reports: &[(String, SimReport)]) {
             );
         }
     }
+}
+
+/// Per policy (in first-seen order): the setting with the lowest TTFT p99 among those whose
+/// hit rate is within one percentage point of that policy's best.
+pub fn best_settings(rows: &[Row]) -> Vec<String> {
+    let mut policies: Vec<&str> = Vec::new();
+    for r in rows {
+        if !policies.contains(&r.policy.as_str()) {
+            policies.push(&r.policy);
+        }
+    }
+    policies
+        .into_iter()
+        .filter_map(|p| {
+            let mine: Vec<&Row> = rows.iter().filter(|r| r.policy == p).collect();
+            let best_hit = mine
+                .iter()
+                .map(|r| r.report.replay.hit_rate)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let best = mine
+                .iter()
+                .filter(|r| r.report.replay.hit_rate >= best_hit - 0.01)
+                .min_by(|a, b| {
+                    a.report
+                        .replay
+                        .ttft_ms
+                        .p99
+                        .total_cmp(&b.report.replay.ttft_ms.p99)
+                })?;
+            Some(format!(
+                "best for {p}: {} (hit {:.1} %, best {:.1} %; TTFT p99 {:.1} ms)",
+                setting_label(&best.setting),
+                best.report.replay.hit_rate * 100.0,
+                best_hit * 100.0,
+                best.report.replay.ttft_ms.p99
+            ))
+        })
+        .collect()
 }
 
 /// Per policy over runs: mean, min and max hit %, and against the first policy the runs at
@@ -222,16 +555,24 @@ fn summary(all: &[Vec<(String, SimReport)>]) -> String {
 mod tests {
     use super::*;
 
-    fn report(hit_rate: f64) -> SimReport {
+    fn report(hit_rate: f64, ttft_p99: f64) -> SimReport {
         SimReport {
-            replay: replay::ReplayReport {
+            replay: kvroute_bench::replay::ReplayReport {
                 hit_rate,
+                ttft_ms: kvroute_bench::replay::LatencySummary {
+                    p99: ttft_p99,
+                    ..Default::default()
+                },
                 ..Default::default()
             },
             decisions: Default::default(),
             hit_tokens: Default::default(),
             index_drift: None,
             evicted_blocks: 0,
+            prefill_tokens: 0,
+            load_cv: 0.0,
+            sticky: Default::default(),
+            arrival_ms: Vec::new(),
         }
     }
 
@@ -241,12 +582,12 @@ mod tests {
     fn summary_counts_runs_at_least_the_first_policy() {
         let all = vec![
             vec![
-                ("a".to_string(), report(0.50)),
-                ("b".to_string(), report(0.60)),
+                ("a".to_string(), report(0.50, 0.0)),
+                ("b".to_string(), report(0.60, 0.0)),
             ],
             vec![
-                ("a".to_string(), report(0.75)),
-                ("b".to_string(), report(0.70)),
+                ("a".to_string(), report(0.75, 0.0)),
+                ("b".to_string(), report(0.70, 0.0)),
             ],
         ];
         let s = summary(&all);
@@ -255,5 +596,131 @@ mod tests {
         assert_eq!(cols, ["b", "65.00", "60.00", "70.00", "1/2", "+2.50"]);
         let a = s.lines().find(|l| l.starts_with("a ")).unwrap();
         assert!(a.contains("2/2") && a.ends_with("+0.00"), "{a}");
+    }
+
+    /// Two knobs give their product, the last varying fastest; values are JSON (numbers)
+    /// or strings; unknown knobs and `policy` are refused with the reason.
+    #[test]
+    fn sweep_grid_is_the_product_of_the_knobs() {
+        let g = sweep_grid(&[
+            "cache_threshold=0.3,0.5".into(),
+            "cache_index=tree,hash".into(),
+        ])
+        .unwrap();
+        let labels: Vec<String> = g.iter().map(setting_label).collect();
+        assert_eq!(
+            labels,
+            [
+                "cache_threshold=0.3 cache_index=tree",
+                "cache_threshold=0.3 cache_index=hash",
+                "cache_threshold=0.5 cache_index=tree",
+                "cache_threshold=0.5 cache_index=hash",
+            ]
+        );
+        assert_eq!(sweep_grid(&[]).unwrap(), vec![Vec::new()]);
+        let e = sweep_grid(&["cache_treshold=0.3".into()]).unwrap_err();
+        assert!(
+            e.to_string().contains("unknown knob \"cache_treshold\""),
+            "{e}"
+        );
+        assert!(e.to_string().contains("balance_abs_threshold"), "{e}");
+        assert!(sweep_grid(&["policy=round_robin".into()]).is_err());
+        assert!(sweep_grid(&["cache_threshold".into()]).is_err());
+        assert!(sweep_grid(&["cache_threshold=".into()]).is_err());
+    }
+
+    /// A setting lands in the config field of its name; a wrong type or a value validation
+    /// refuses is an error.
+    #[test]
+    fn settings_apply_through_the_serialized_config() {
+        let g = sweep_grid(&[
+            "balance_abs_threshold=7".into(),
+            "cache_threshold=0.25".into(),
+        ])
+        .unwrap();
+        let c = apply_setting(&Config::default(), &g[0]).unwrap();
+        assert_eq!(c.balance_abs_threshold, 7);
+        assert_eq!(c.cache_threshold, 0.25);
+        assert_eq!(
+            Config {
+                balance_abs_threshold: Config::default().balance_abs_threshold,
+                cache_threshold: Config::default().cache_threshold,
+                ..c
+            },
+            Config::default()
+        );
+        let bad = sweep_grid(&["balance_abs_threshold=lots".into()]).unwrap();
+        assert!(apply_setting(&Config::default(), &bad[0]).is_err());
+        let bad = sweep_grid(&["cache_threshold=7".into()]).unwrap();
+        assert!(apply_setting(&Config::default(), &bad[0]).is_err());
+    }
+
+    /// Best setting: among settings within one point of the best hit rate (40 %), the lowest
+    /// TTFT p99: 39.5 % at 100 ms beats 40 % at 200 ms; 30 % at 50 ms is too far off.
+    #[test]
+    fn best_setting_trades_at_most_one_point_of_hit_rate() {
+        let row = |v: i64, hit, p99| Row {
+            policy: "p".into(),
+            setting: vec![("balance_abs_threshold".into(), json!(v))],
+            report: report(hit, p99),
+            wall_s: 0.0,
+        };
+        let rows = [
+            row(1, 0.40, 200.0),
+            row(2, 0.395, 100.0),
+            row(3, 0.30, 50.0),
+        ];
+        let best = best_settings(&rows);
+        assert_eq!(best.len(), 1);
+        assert!(
+            best[0].starts_with("best for p: balance_abs_threshold=2 "),
+            "{}",
+            best[0]
+        );
+    }
+
+    /// The `--out` entry has exactly the documented keys.
+    #[test]
+    fn out_entry_has_the_documented_shape() {
+        let r = Row {
+            policy: "round_robin".into(),
+            setting: Vec::new(),
+            report: report(0.5, 10.0),
+            wall_s: 1.5,
+        };
+        let v = row_json(&r, 0.6);
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "bound_hit_rate",
+                "e2e_ms",
+                "errors",
+                "hit_rate",
+                "load_cv",
+                "max_over_mean_load",
+                "policy",
+                "prefill_tokens",
+                "requests",
+                "setting",
+                "sticky_share",
+                "tpot_ms",
+                "ttft_ms",
+                "wall_s",
+            ]
+        );
+        for lat in ["ttft_ms", "e2e_ms"] {
+            let mut k: Vec<&str> = v[lat]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| k.as_str())
+                .collect();
+            k.sort_unstable();
+            assert_eq!(k, ["p50", "p90", "p99"]);
+        }
+        assert_eq!(v["bound_hit_rate"], 0.6);
+        assert_eq!(v["wall_s"], 1.5);
     }
 }

@@ -215,6 +215,52 @@ pub fn encode_batch(
     out
 }
 
+/// The batch [`kvroute_core::events::decode::decode_batch`] yields for
+/// `encode_batch(ts, events, block_size, _, dp_rank)`, built without the bytes: the
+/// simulator's fast path to the router's index (the wire path is kept behind a flag and
+/// compared with this one in tests). GPU medium, no LoRA, as [`encode_event`] writes.
+pub fn decoded_batch(
+    ts: f64,
+    events: &[BlockEvent],
+    block_size: usize,
+    dp_rank: u32,
+) -> kvroute_core::events::EventBatch {
+    use kvroute_core::events::{BlockRemoved, BlockStored, EventBatch, KvEvent};
+    let gpu = || Some("GPU".to_string());
+    EventBatch {
+        ts,
+        events: events
+            .iter()
+            .map(|e| match e {
+                BlockEvent::Stored {
+                    parent,
+                    hashes,
+                    token_ids,
+                } => KvEvent::Stored(BlockStored {
+                    block_hashes: hashes.clone(),
+                    parent_block_hash: *parent,
+                    token_ids: token_ids.clone(),
+                    block_size,
+                    medium: gpu(),
+                    // As the map encoding (today's vLLM) sends them.
+                    group_idx: Some(0),
+                    kv_cache_spec_kind: Some("full_attention".into()),
+                    ..BlockStored::default()
+                }),
+                BlockEvent::Removed { hashes } => KvEvent::Removed(BlockRemoved {
+                    block_hashes: hashes.clone(),
+                    medium: gpu(),
+                    group_idx: Some(0),
+                    ..BlockRemoved::default()
+                }),
+                BlockEvent::AllCleared => KvEvent::AllCleared,
+            })
+            .collect(),
+        dp_rank: Some(dp_rank),
+        skipped_events: 0,
+    }
+}
+
 /// Messages from the engine driver to the publisher thread.
 #[derive(Debug)]
 pub enum PublishMsg {
@@ -445,6 +491,46 @@ fn serve_replay(r: &zmq::Socket, buffer: &VecDeque<(u64, Vec<u8>)>, topic: &[u8]
 
 #[cfg(test)]
 mod tests {
+    /// The fast path equals the wire: decoding the encoded bytes (array and map encodings)
+    /// gives exactly [`decoded_batch`], for root and chained stores, removals and a clear
+    /// (the legacy array form carries no group fields: compared without them).
+    #[test]
+    fn decoded_batch_equals_decoding_the_wire_bytes() {
+        let events = vec![
+            BlockEvent::Stored {
+                parent: None,
+                hashes: vec![u64::MAX, 1],
+                token_ids: (0..32).collect(),
+            },
+            BlockEvent::Removed {
+                hashes: vec![7, 1 << 63],
+            },
+            BlockEvent::Stored {
+                parent: Some(1),
+                hashes: vec![9],
+                token_ids: (100..116).collect(),
+            },
+            BlockEvent::AllCleared,
+        ];
+        for enc in [Encoding::Array, Encoding::Map] {
+            let bytes = encode_batch(12.5, &events, 16, enc, 3);
+            let wire = kvroute_core::events::decode::decode_batch(&bytes).unwrap();
+            let mut fast = decoded_batch(12.5, &events, 16, 3);
+            if enc == Encoding::Array {
+                for e in &mut fast.events {
+                    match e {
+                        kvroute_core::events::KvEvent::Stored(s) => {
+                            (s.group_idx, s.kv_cache_spec_kind) = (None, None)
+                        }
+                        kvroute_core::events::KvEvent::Removed(r) => r.group_idx = None,
+                        kvroute_core::events::KvEvent::AllCleared => {}
+                    }
+                }
+            }
+            assert_eq!(wire, fast, "{enc:?}");
+        }
+    }
+
     use super::*;
 
     fn unhex(s: &str) -> Vec<u8> {

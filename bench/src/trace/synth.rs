@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use kvroute_tokenize::Tokenizer;
 
-use super::{MOONCAKE_BLOCK_TOKENS, TraceError, TraceRecord};
+use super::{MOONCAKE_BLOCK_TOKENS, RequestMeta, TAIL_NAMESPACE_BIT, TraceError, TraceRecord};
 
 /// Minimum letters of a `WORD_IDS` token after its leading `Ġ`. Source: traces.md §3.
 pub const WORD_MIN_LETTERS: usize = 3;
@@ -54,6 +54,40 @@ impl Iterator for SplitMix64 {
     type Item = u64;
     fn next(&mut self) -> Option<u64> {
         Some(self.next_u64())
+    }
+}
+
+/// `x mod d` for a fixed divisor without a division: Lemire, Kaser, Kurz, "Faster remainder
+/// by direct computation" (2019), `fastmod_u64`: `M = ⌊(2^128 − 1) / d⌋ + 1`, then
+/// `x mod d = ⌊((M·x) mod 2^128) · d / 2^128⌋`, exact for every 64-bit `x` and `d ≥ 1`.
+/// The prompt generator draws one remainder per token, so this is its hot path.
+#[derive(Debug, Clone, Copy)]
+pub struct FastMod {
+    m: u128,
+    d: u64,
+}
+
+impl FastMod {
+    /// Remainders modulo `d`.
+    ///
+    /// # Panics
+    /// If `d` is 0.
+    pub fn new(d: u64) -> Self {
+        assert!(d > 0, "modulo by zero");
+        Self {
+            m: (u128::MAX / u128::from(d)).wrapping_add(1),
+            d,
+        }
+    }
+
+    /// `x mod d`.
+    #[inline]
+    pub fn rem(&self, x: u64) -> u64 {
+        let low = self.m.wrapping_mul(u128::from(x));
+        let d = u128::from(self.d);
+        let bottom = ((low & u128::from(u64::MAX)) * d) >> 64;
+        let top = (low >> 64) * d;
+        ((bottom + top) >> 64) as u64
     }
 }
 
@@ -136,10 +170,10 @@ impl WordIds {
     }
 
     fn indices(&self, ns: u32, id: u64, n: usize) -> impl Iterator<Item = usize> + '_ {
-        let len = self.ids.len() as u64;
+        let m = FastMod::new(self.ids.len() as u64);
         SplitMix64::new(ns, id)
             .take(n)
-            .map(move |z| (z % len) as usize)
+            .map(move |z| m.rem(z) as usize)
     }
 
     /// First `n` tokens of block `(ns, id)`: `WORD_IDS[z mod len]` per SplitMix64 output
@@ -287,6 +321,49 @@ impl PromptBuilder {
         out
     }
 
+    /// Token ids of `r`'s prompt as [`Self::prompt_tokens`], and its text as
+    /// [`Self::prompt_text`] when `with_text`, for a request of any trace: the ids are keyed
+    /// in `meta.namespace` (not the builder's), and with `meta.tail_id = Some(k)` every id is
+    /// a full block followed by `input_length − B·len(hash_ids)` tail tokens from
+    /// `(namespace | 2^31, k)` (WEKA, traces.md §3 "Assembly"). One generator pass serves
+    /// both outputs; nothing is cached. The id vector has room for `output_length` more.
+    pub fn prompt(
+        &self,
+        r: &TraceRecord,
+        meta: &RequestMeta,
+        with_text: bool,
+    ) -> (Vec<u32>, Option<String>) {
+        let len = r.input_length as usize;
+        // Room for the output tokens the engine appends.
+        let mut ids = Vec::with_capacity(len + r.output_length as usize);
+        let mut text = with_text.then(|| String::with_capacity(len * (WORD_MAX_LETTERS + 1)));
+        let (table, words) = (&self.words.ids, &self.words.words);
+        let mut emit = |ns: u32, id: u64, n: usize| match text.as_mut() {
+            Some(t) => {
+                for i in self.words.indices(ns, id, n) {
+                    ids.push(table[i]);
+                    t.push_str(&words[i]);
+                }
+            }
+            None => ids.extend(self.words.indices(ns, id, n).map(|i| table[i])),
+        };
+        let b = self.block_tokens;
+        for (i, &id) in r.hash_ids.iter().enumerate() {
+            let take = match meta.tail_id {
+                Some(_) => b as usize,
+                None => r.block_len(i, b) as usize,
+            };
+            emit(meta.namespace, id, take.min(len));
+        }
+        if let Some(k) = meta.tail_id {
+            let tail = len.saturating_sub(b as usize * r.hash_ids.len());
+            if tail > 0 {
+                emit(meta.namespace | TAIL_NAMESPACE_BIT, k, tail);
+            }
+        }
+        (ids, text)
+    }
+
     /// Token ids of `r`'s prompt (what [`Self::prompt_text`] tokenizes to, before any chat
     /// template).
     pub fn prompt_tokens(&self, r: &TraceRecord) -> Vec<u32> {
@@ -316,6 +393,90 @@ mod tests {
             (17, "Ġcafé"),
         ])
         .unwrap()
+    }
+
+    /// Brute-force reference: the division-free remainder equals `%` on edge cases and
+    /// a SplitMix64 stream, for the Qwen3 `WORD_IDS` length and other divisors.
+    #[test]
+    fn fast_mod_equals_the_remainder() {
+        for d in [
+            1u64,
+            2,
+            3,
+            7,
+            18_584,
+            65_537,
+            u32::MAX as u64,
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            let m = FastMod::new(d);
+            let edge = [0, 1, d - 1, d, d.wrapping_add(1), u64::MAX, u64::MAX - 1];
+            for x in edge
+                .into_iter()
+                .chain(SplitMix64::from_state(d).take(20_000))
+            {
+                assert_eq!(m.rem(x), x % d, "{x} mod {d}");
+            }
+        }
+    }
+
+    /// traces.md §3 test vectors for `(ns, id) = (1, 1)`, through [`PromptBuilder::prompt`] with
+    /// a toy vocabulary checked by its own reference (`WORD_IDS[z mod len]`): and a WEKA-style
+    /// request = 2 full blocks of 4 + a 3-token tail from `(ns | 2^31, k)`.
+    #[test]
+    fn prompt_assembles_full_blocks_and_a_private_tail() {
+        let pb = PromptBuilder::new(toy(), 0).with_block_tokens(4);
+        let r = TraceRecord {
+            timestamp_ms: 0,
+            input_length: 11,
+            output_length: 1,
+            hash_ids: vec![7, 8],
+        };
+        let meta = RequestMeta {
+            namespace: 24,
+            tail_id: Some(5),
+            conversation: Some(0),
+            think_ms: 0.0,
+        };
+        let w = pb.words();
+        let reference = |ns: u32, id: u64, n: usize| -> Vec<u32> {
+            SplitMix64::new(ns, id)
+                .take(n)
+                .map(|z| w.ids()[(z % w.len() as u64) as usize])
+                .collect()
+        };
+        let mut want = reference(24, 7, 4);
+        want.extend(reference(24, 8, 4));
+        want.extend(reference(24 | (1 << 31), 5, 3));
+        let (ids, text) = pb.prompt(&r, &meta, true);
+        assert_eq!(ids, want);
+        let decoded: String = ids
+            .iter()
+            .map(|t| w.word(w.ids().binary_search(t).unwrap()))
+            .collect();
+        assert_eq!(text.unwrap(), decoded);
+        // Open loop (Mooncake) = the builder's own prompt_tokens / prompt_text.
+        let m = TraceRecord {
+            input_length: 6,
+            ..r.clone()
+        };
+        let (ids, text) = pb.prompt(&m, &RequestMeta::OPEN_LOOP, true);
+        assert_eq!(ids, pb.prompt_tokens(&m));
+        assert_eq!(text.unwrap(), pb.prompt_text(&m));
+        assert_eq!(pb.prompt(&m, &RequestMeta::OPEN_LOOP, false).1, None);
+    }
+
+    /// The real vocabulary reproduces traces.md §3's vector for `(1, 1)`.
+    #[test]
+    fn qwen3_words_reproduce_the_traces_md_vector() {
+        let tok = Tokenizer::qwen3().unwrap();
+        let w = WordIds::from_tokenizer(&tok).unwrap();
+        assert_eq!(
+            w.block_tokens(1, 1, 8),
+            [27402, 43730, 31431, 89745, 30854, 88631, 47106, 31127]
+        );
+        assert_eq!(w.block_tokens(0, 0, 3), [73221, 26183, 35652]);
     }
 
     #[test]

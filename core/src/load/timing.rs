@@ -186,9 +186,8 @@ mod tests {
     /// sizes the learned curve is within 2 % of the true one at every size and load.
     #[test]
     fn learns_a_faster_engine() {
-        let truth = |t: u64, u: f64| {
-            PrefillModel::new(0.5, PRIOR[3] / 2.0).prefill_ms(t, STEP_TOKENS, u)
-        };
+        let truth =
+            |t: u64, u: f64| PrefillModel::new(0.5, PRIOR[3] / 2.0).prefill_ms(t, STEP_TOKENS, u);
         let mut m = PrefillModel::default();
         let mut s = 7u64;
         for i in 0..200 {

@@ -1,10 +1,17 @@
 //! KV block manager: an active pool (refcounted), an inactive LRU pool of cached full blocks,
 //! and free space. Source: `engine-model.md` §2, vLLM V1 `KVCacheManager` / `BlockPool`,
 //! Dynamo mocker `KvManager`.
+//!
+//! Every cached block is one entry of one hash map (its refcount, and its node in the LRU
+//! list while inactive); the LRU is an intrusive doubly linked list in a slab, so each
+//! operation is one map lookup plus O(1) list work (vLLM's `FreeKVCacheBlockQueue` is the
+//! same list).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::fasthash::FastHash;
 
 /// Opaque engine hash of one *full* block, chained over the whole prefix up to and including
 /// the block. Deliberately unrelated to the router's own block keys (`engine-model.md` §1
@@ -15,19 +22,35 @@ pub type BlockHash = u64;
 /// router hash over the same tokens.
 const HASH_SEED: u64 = u64::from_be_bytes(*b"kvengine");
 
+/// Tokens of a block [`hash_block`] hashes from a stack buffer (larger blocks allocate).
+const STACK_BLOCK_TOKENS: usize = 64;
+
 /// Hash of a full block: xxh3-64 over the parent hash (8 bytes LE, omitted at the root)
 /// followed by the block's token ids (4 bytes LE each), seeded with `"kvengine"`.
 /// `tokens` is exactly one block (`block_size` tokens). Deterministic across runs and
 /// platforms. Source: vLLM chains `hash(parent, tokens, extra)`; the function is our own.
 pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
-    let mut bytes = Vec::with_capacity(8 + 4 * tokens.len());
-    if let Some(p) = parent {
-        bytes.extend_from_slice(&p.to_le_bytes());
+    fn fill(buf: &mut [u8], parent: Option<BlockHash>, tokens: &[u32]) -> usize {
+        let mut n = 0;
+        if let Some(p) = parent {
+            buf[..8].copy_from_slice(&p.to_le_bytes());
+            n = 8;
+        }
+        for t in tokens {
+            buf[n..n + 4].copy_from_slice(&t.to_le_bytes());
+            n += 4;
+        }
+        n
     }
-    for t in tokens {
-        bytes.extend_from_slice(&t.to_le_bytes());
+    if tokens.len() <= STACK_BLOCK_TOKENS {
+        let mut buf = [0u8; 8 + 4 * STACK_BLOCK_TOKENS];
+        let n = fill(&mut buf, parent, tokens);
+        xxh3_64_with_seed(&buf[..n], HASH_SEED)
+    } else {
+        let mut buf = vec![0u8; 8 + 4 * tokens.len()];
+        let n = fill(&mut buf, parent, tokens);
+        xxh3_64_with_seed(&buf[..n], HASH_SEED)
     }
-    xxh3_64_with_seed(&bytes, HASH_SEED)
 }
 
 /// Appends to `hashes` the chained hashes of the full blocks of `tokens` not yet hashed:
@@ -35,6 +58,7 @@ pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
 /// hashes of a prefix of `tokens` (as returned by earlier calls).
 pub fn extend_block_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], block_size: usize) {
     let full = tokens.len() / block_size;
+    hashes.reserve(full.saturating_sub(hashes.len()));
     while hashes.len() < full {
         let i = hashes.len();
         let parent = i.checked_sub(1).map(|p| hashes[p]);
@@ -80,51 +104,25 @@ pub struct OutOfBlocks {
     pub available: usize,
 }
 
-/// Inactive pool: cached full blocks with refcount 0, ordered least recently released first.
-#[derive(Debug, Default)]
-struct Lru {
-    stamp_of: HashMap<BlockHash, u64>,
-    by_stamp: BTreeMap<u64, BlockHash>,
-    next_stamp: u64,
-}
+/// Most blocks whose map and arena room [`BlockManager::new`] reserves up front.
+const PRESIZE_MAX_BLOCKS: usize = 1 << 20;
 
-impl Lru {
-    fn len(&self) -> usize {
-        self.stamp_of.len()
-    }
-    fn contains(&self, h: BlockHash) -> bool {
-        self.stamp_of.contains_key(&h)
-    }
-    fn push_tail(&mut self, h: BlockHash) {
-        let s = self.next_stamp;
-        self.next_stamp += 1;
-        let old = self.stamp_of.insert(h, s);
-        debug_assert!(old.is_none(), "block pushed twice to the inactive pool");
-        self.by_stamp.insert(s, h);
-    }
-    fn remove(&mut self, h: BlockHash) -> bool {
-        match self.stamp_of.remove(&h) {
-            Some(s) => {
-                self.by_stamp.remove(&s);
-                true
-            }
-            None => false,
-        }
-    }
-    fn pop_head(&mut self) -> Option<BlockHash> {
-        let (_, h) = self.by_stamp.pop_first()?;
-        self.stamp_of.remove(&h);
-        Some(h)
-    }
-    fn clear(&mut self) -> usize {
-        let n = self.len();
-        self.stamp_of.clear();
-        self.by_stamp.clear();
-        n
-    }
-    fn iter_lru(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.by_stamp.values().copied()
-    }
+/// End of list / no slot.
+const NIL: u32 = u32::MAX;
+
+/// Slot of a cached full block in a [`BlockManager`]'s arena: stable while the block stays
+/// cached (active or inactive), reused after its eviction. Requests keep the slots of the
+/// blocks they hold, so releasing them needs no hash lookup.
+pub type Slot = u32;
+
+/// One cached full block in the arena.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    hash: BlockHash,
+    /// Requests holding it; 0 = inactive (then linked in the LRU list).
+    refcount: u32,
+    prev: Slot,
+    next: Slot,
 }
 
 /// Block manager of one engine rank.
@@ -133,13 +131,18 @@ impl Lru {
 /// the **active** pool (full block, keyed by hash, refcount ≥ 1), **private** (a partial or
 /// not-yet-filled block owned by one request; counted, never hashed or cached), the
 /// **inactive** pool (full cached block, refcount 0, evictable, LRU order) or free space.
+/// Cached blocks live in an arena of [`Slot`]s indexed by a hash map; inactive ones are
+/// linked through the arena in LRU order (head = least recently released; vLLM's
+/// `FreeKVCacheBlockQueue` is the same list). Each operation is one map probe or one arena
+/// access plus O(1) list work.
 ///
 /// # Invariants
-/// 1. `active` and `inactive` are disjoint (a hash is cached at most once: identical full
-///    blocks are merged).
-/// 2. Every refcount in `active` is ≥ 1.
-/// 3. `active.len() + private + inactive.len() ≤ num_gpu_blocks`.
-/// 4. The inactive pool's two indexes agree (same hashes, one stamp each).
+/// 1. A hash is cached at most once (identical full blocks are merged): `map` and the live
+///    arena slots are a bijection (`arena[map[h]].hash == h`), freed slots are in `free`.
+/// 2. `active` counts the live slots with refcount ≥ 1.
+/// 3. `active + private + inactive ≤ num_gpu_blocks`.
+/// 4. The LRU list holds exactly the live slots with refcount 0, linked consistently both
+///    ways, `inactive` of them.
 ///
 /// Refcounts matching the requests that hold blocks is checked one level up, by
 /// `Scheduler::check_invariants`.
@@ -147,9 +150,14 @@ impl Lru {
 pub struct BlockManager {
     block_size: usize,
     num_gpu_blocks: usize,
-    active: HashMap<BlockHash, u32>,
+    map: HashMap<BlockHash, Slot, FastHash>,
+    arena: Vec<Block>,
+    free: Vec<Slot>,
+    head: Slot,
+    tail: Slot,
+    inactive: usize,
+    active: usize,
     private: usize,
-    inactive: Lru,
     evicted_total: u64,
     stored_total: u64,
 }
@@ -161,12 +169,20 @@ impl BlockManager {
     /// If `block_size` or `num_gpu_blocks` is 0 (validated earlier by `EngineCore::new`).
     pub fn new(block_size: usize, num_gpu_blocks: usize) -> Self {
         assert!(block_size > 0 && num_gpu_blocks > 0, "empty block manager");
+        // Sized for a full cache up front (capped for huge pools): growing the map by
+        // rehashing was a visible share of a long simulation.
+        let room = num_gpu_blocks.min(PRESIZE_MAX_BLOCKS);
         Self {
             block_size,
             num_gpu_blocks,
-            active: HashMap::new(),
+            map: HashMap::with_capacity_and_hasher(room, FastHash::default()),
+            arena: Vec::with_capacity(room),
+            free: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            inactive: 0,
+            active: 0,
             private: 0,
-            inactive: Lru::default(),
             evicted_total: 0,
             stored_total: 0,
         }
@@ -184,12 +200,12 @@ impl BlockManager {
 
     /// Blocks held by requests (active full blocks + private blocks).
     pub fn num_used(&self) -> usize {
-        self.active.len() + self.private
+        self.active + self.private
     }
 
     /// Cached evictable blocks (inactive pool).
     pub fn num_inactive(&self) -> usize {
-        self.inactive.len()
+        self.inactive
     }
 
     /// Blocks that can be handed out now: free space plus evictable cached blocks.
@@ -206,17 +222,13 @@ impl BlockManager {
 
     /// Cached full blocks (active + inactive).
     pub fn num_cached(&self) -> usize {
-        self.active.len() + self.inactive.len()
+        self.map.len()
     }
 
     /// Hashes of every cached full block (active and inactive), unordered: the ground truth
     /// an event consumer's index is compared with.
     pub fn cached_hashes(&self) -> Vec<BlockHash> {
-        self.active
-            .keys()
-            .copied()
-            .chain(self.inactive.iter_lru())
-            .collect()
+        self.map.keys().copied().collect()
     }
 
     /// Blocks evicted since start (each produced one hash in a [`BlockEvent::Removed`]).
@@ -231,17 +243,26 @@ impl BlockManager {
 
     /// Whether the full block `h` is cached (active or inactive).
     pub fn is_cached(&self, h: BlockHash) -> bool {
-        self.active.contains_key(&h) || self.inactive.contains(h)
+        self.map.contains_key(&h)
     }
 
     /// Refcount of `h` (0 when inactive or absent).
     pub fn refcount(&self, h: BlockHash) -> u32 {
-        self.active.get(&h).copied().unwrap_or(0)
+        self.map
+            .get(&h)
+            .map_or(0, |&s| self.arena[s as usize].refcount)
     }
 
     /// Inactive hashes from LRU head (next to evict) to tail.
     pub fn inactive_lru(&self) -> Vec<BlockHash> {
-        self.inactive.iter_lru().collect()
+        let mut out = Vec::with_capacity(self.inactive);
+        let mut at = self.head;
+        while at != NIL {
+            let b = &self.arena[at as usize];
+            out.push(b.hash);
+            at = b.next;
+        }
+        out
     }
 
     /// Prefix lookup for a prompt of `num_tokens` tokens whose full-block hashes are `hashes`:
@@ -258,12 +279,42 @@ impl BlockManager {
             .count()
     }
 
+    /// [`Self::lookup_prefix`] that also returns where the blocks are: clears `out`, then
+    /// pushes the slot of each leading cached block (as many as `lookup_prefix` counts).
+    pub fn lookup_prefix_slots(
+        &self,
+        hashes: &[BlockHash],
+        num_tokens: usize,
+        out: &mut Vec<Slot>,
+    ) {
+        out.clear();
+        let cap = num_tokens.saturating_sub(1) / self.block_size;
+        for h in hashes.iter().take(cap) {
+            match self.map.get(h) {
+                Some(&s) => out.push(s),
+                None => break,
+            }
+        }
+    }
+
     /// How many of `hashes` (all cached) sit in the inactive pool, i.e. would leave the
     /// evictable pool if taken.
     pub fn count_inactive(&self, hashes: &[BlockHash]) -> usize {
         hashes
             .iter()
-            .filter(|h| self.inactive.contains(**h))
+            .filter(|h| {
+                self.map
+                    .get(h)
+                    .is_some_and(|&s| self.arena[s as usize].refcount == 0)
+            })
+            .count()
+    }
+
+    /// [`Self::count_inactive`] for the slots of cached blocks.
+    pub fn count_inactive_slots(&self, slots: &[Slot]) -> usize {
+        slots
+            .iter()
+            .filter(|&&s| self.arena[s as usize].refcount == 0)
             .count()
     }
 
@@ -273,26 +324,54 @@ impl BlockManager {
     /// # Panics
     /// If a hash is not cached (callers pass the result of [`Self::lookup_prefix`]).
     pub fn take_cached(&mut self, hashes: &[BlockHash]) {
-        for &h in hashes {
-            self.acquire(h);
-            assert!(
-                self.active.contains_key(&h),
-                "take_cached: block not cached"
-            );
+        for h in hashes {
+            let s = *self.map.get(h).expect("take_cached: block not cached");
+            self.acquire(s);
         }
     }
 
-    /// refcount + 1 if `h` is cached (moving it out of the inactive pool); false if absent.
-    fn acquire(&mut self, h: BlockHash) -> bool {
-        if let Some(rc) = self.active.get_mut(&h) {
-            *rc += 1;
-            true
-        } else if self.inactive.remove(h) {
-            self.active.insert(h, 1);
-            true
-        } else {
-            false
+    /// [`Self::take_cached`] for the slots of cached blocks (from
+    /// [`Self::lookup_prefix_slots`]).
+    pub fn take_slots(&mut self, slots: &[Slot]) {
+        for &s in slots {
+            self.acquire(s);
         }
+    }
+
+    /// refcount + 1 of the cached block at `s`, moving it out of the inactive pool.
+    fn acquire(&mut self, s: Slot) {
+        if self.arena[s as usize].refcount == 0 {
+            self.unlink(s);
+            self.active += 1;
+        }
+        self.arena[s as usize].refcount += 1;
+    }
+
+    /// Removes inactive slot `s` from the LRU list.
+    fn unlink(&mut self, s: Slot) {
+        let Block { prev, next, .. } = self.arena[s as usize];
+        match prev {
+            NIL => self.head = next,
+            p => self.arena[p as usize].next = next,
+        }
+        match next {
+            NIL => self.tail = prev,
+            n => self.arena[n as usize].prev = prev,
+        }
+        self.inactive -= 1;
+    }
+
+    /// Appends slot `s` (refcount just reached 0) at the LRU tail.
+    fn push_tail(&mut self, s: Slot) {
+        let b = &mut self.arena[s as usize];
+        b.prev = self.tail;
+        b.next = NIL;
+        match self.tail {
+            NIL => self.head = s,
+            t => self.arena[t as usize].next = s,
+        }
+        self.tail = s;
+        self.inactive += 1;
     }
 
     /// Allocates `n` private blocks: free space first, then evicting the inactive LRU head.
@@ -312,14 +391,19 @@ impl BlockManager {
                 available,
             });
         }
-        let free = available - self.inactive.len();
-        let mut removed = Vec::new();
-        for _ in free..n {
-            let h = self.inactive.pop_head().expect("counted as available");
-            removed.push(h);
-        }
-        self.evicted_total += removed.len() as u64;
-        if !removed.is_empty() {
+        let free = available - self.inactive;
+        if n > free {
+            let mut removed = Vec::with_capacity(n - free);
+            for _ in free..n {
+                let s = self.head;
+                debug_assert!(s != NIL, "counted as available");
+                self.unlink(s);
+                let h = self.arena[s as usize].hash;
+                self.map.remove(&h);
+                self.free.push(s);
+                removed.push(h);
+            }
+            self.evicted_total += removed.len() as u64;
             events.push(BlockEvent::Removed { hashes: removed });
         }
         self.private += n;
@@ -334,14 +418,44 @@ impl BlockManager {
     /// # Panics
     /// If no private block is allocated.
     pub fn fill_private(&mut self, h: BlockHash) -> bool {
+        self.fill_private_slot(h).1
+    }
+
+    /// [`Self::fill_private`], also returning the block's slot.
+    ///
+    /// # Panics
+    /// If no private block is allocated.
+    pub fn fill_private_slot(&mut self, h: BlockHash) -> (Slot, bool) {
         assert!(self.private > 0, "fill_private without a private block");
         self.private -= 1;
-        if self.acquire(h) {
-            false
-        } else {
-            self.active.insert(h, 1);
-            self.stored_total += 1;
-            true
+        match self.map.entry(h) {
+            std::collections::hash_map::Entry::Occupied(o) => {
+                let s = *o.get();
+                self.acquire(s);
+                (s, false)
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let block = Block {
+                    hash: h,
+                    refcount: 1,
+                    prev: NIL,
+                    next: NIL,
+                };
+                let s = match self.free.pop() {
+                    Some(s) => {
+                        self.arena[s as usize] = block;
+                        s
+                    }
+                    None => {
+                        self.arena.push(block);
+                        (self.arena.len() - 1) as Slot
+                    }
+                };
+                v.insert(s);
+                self.active += 1;
+                self.stored_total += 1;
+                (s, true)
+            }
         }
     }
 
@@ -353,17 +467,30 @@ impl BlockManager {
     /// # Panics
     /// If a hash is not active or more private blocks are released than allocated.
     pub fn release(&mut self, full: &[BlockHash], private: usize) {
+        let slots: Vec<Slot> = full
+            .iter()
+            .map(|h| *self.map.get(h).expect("released block not active"))
+            .collect();
+        self.release_slots(&slots, private);
+    }
+
+    /// [`Self::release`] for the slots of the request's full blocks, in sequence order.
+    ///
+    /// # Panics
+    /// If a slot is not active or more private blocks are released than allocated.
+    pub fn release_slots(&mut self, full: &[Slot], private: usize) {
         assert!(
             self.private >= private,
             "released more private blocks than held"
         );
         self.private -= private;
-        for &h in full.iter().rev() {
-            let rc = self.active.get_mut(&h).expect("released block not active");
-            *rc -= 1;
-            if *rc == 0 {
-                self.active.remove(&h);
-                self.inactive.push_tail(h);
+        for &s in full.iter().rev() {
+            let b = &mut self.arena[s as usize];
+            assert!(b.refcount > 0, "released block not active");
+            b.refcount -= 1;
+            if b.refcount == 0 {
+                self.active -= 1;
+                self.push_tail(s);
             }
         }
     }
@@ -374,32 +501,56 @@ impl BlockManager {
         if self.num_used() > 0 {
             return None;
         }
-        Some(self.inactive.clear())
+        // Nothing is active, so every cached block is inactive.
+        let n = self.inactive;
+        self.map.clear();
+        self.arena.clear();
+        self.free.clear();
+        self.head = NIL;
+        self.tail = NIL;
+        self.inactive = 0;
+        Some(n)
     }
 
     /// Checks invariants 1–4; the error names the broken one.
     #[cfg(test)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        for h in self.active.keys() {
-            if self.inactive.contains(*h) {
-                return Err(format!("1: block {h:#x} both active and inactive"));
+        let freed: std::collections::HashSet<Slot> = self.free.iter().copied().collect();
+        if freed.len() != self.free.len() || self.map.len() + self.free.len() != self.arena.len() {
+            return Err("1: live and free slots do not partition the arena".into());
+        }
+        let mut active = 0;
+        for (h, &s) in &self.map {
+            let b = self.arena.get(s as usize);
+            if b.is_none_or(|b| b.hash != *h) || freed.contains(&s) {
+                return Err(format!("1: block {h:#x} not at its slot {s}"));
+            }
+            if self.arena[s as usize].refcount > 0 {
+                active += 1;
             }
         }
-        if let Some((h, _)) = self.active.iter().find(|(_, rc)| **rc == 0) {
-            return Err(format!("2: active block {h:#x} has refcount 0"));
+        if active != self.active {
+            return Err(format!("2: {active} active slots, counted {}", self.active));
         }
-        let used = self.active.len() + self.private + self.inactive.len();
+        let used = self.active + self.private + self.inactive;
         if used > self.num_gpu_blocks {
             return Err(format!("3: {used} blocks in use > {}", self.num_gpu_blocks));
         }
-        if self.inactive.stamp_of.len() != self.inactive.by_stamp.len()
-            || self
-                .inactive
-                .by_stamp
-                .iter()
-                .any(|(s, h)| self.inactive.stamp_of.get(h) != Some(s))
-        {
-            return Err("4: inactive LRU indexes disagree".into());
+        let forward = self.inactive_lru();
+        let mut backward = Vec::new();
+        let mut at = self.tail;
+        while at != NIL && backward.len() <= forward.len() {
+            let b = &self.arena[at as usize];
+            backward.push(b.hash);
+            at = b.prev;
+        }
+        backward.reverse();
+        let idle = self.map.len() - active;
+        if forward.len() != idle || self.inactive != idle || forward != backward {
+            return Err("4: LRU list and refcounts disagree".into());
+        }
+        if forward.iter().any(|h| self.refcount(*h) != 0) {
+            return Err("4: listed block not inactive".into());
         }
         Ok(())
     }

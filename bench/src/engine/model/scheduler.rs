@@ -4,7 +4,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::blocks::{BlockEvent, BlockHash, BlockManager, extend_block_hashes};
+use super::blocks::{BlockEvent, BlockHash, BlockManager, Slot, extend_block_hashes};
+use crate::fasthash::FastHash;
 
 /// Scheduler limits, validated by `EngineCore::new`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -48,6 +49,8 @@ pub(crate) struct Request {
     pub(crate) hashes: Vec<BlockHash>,
     /// Leading blocks held as full cached blocks: `hashes[..full_blocks]`.
     pub(crate) full_blocks: usize,
+    /// Block-manager slots of those blocks (`full_blocks` of them).
+    pub(crate) slots: Vec<Slot>,
     /// Private blocks held (partial tail and blocks allocated for scheduled tokens).
     pub(crate) private_blocks: usize,
     /// Tokens served from cache at the first admission (`cached_tokens` of the response).
@@ -56,8 +59,12 @@ pub(crate) struct Request {
 }
 
 impl Request {
-    pub(crate) fn new(id: u64, prompt: Vec<u32>, max_tokens: u32, block_size: usize) -> Self {
-        let mut hashes = Vec::new();
+    pub(crate) fn new(id: u64, mut prompt: Vec<u32>, max_tokens: u32, block_size: usize) -> Self {
+        // Room for the outputs up front: growing a long prompt's vectors at the first output
+        // token copied them into fresh pages (a visible share of long simulations).
+        let total = prompt.len() + max_tokens as usize;
+        prompt.reserve_exact(max_tokens as usize);
+        let mut hashes = Vec::with_capacity(total / block_size);
         extend_block_hashes(&mut hashes, &prompt, block_size);
         Self {
             id,
@@ -67,6 +74,7 @@ impl Request {
             computed: 0,
             hashes,
             full_blocks: 0,
+            slots: Vec::new(),
             private_blocks: 0,
             cached_tokens: None,
             num_outputs: 0,
@@ -110,10 +118,12 @@ fn blocks_for(tokens: usize, bs: usize) -> usize {
 pub struct Scheduler {
     cfg: SchedulerConfig,
     blocks: BlockManager,
-    pub(crate) requests: HashMap<u64, Request>,
+    pub(crate) requests: HashMap<u64, Request, FastHash>,
     waiting: VecDeque<u64>,
     running: Vec<u64>,
     counters: Counters,
+    /// Reused buffer for admission lookups.
+    scratch: Vec<Slot>,
 }
 
 impl Scheduler {
@@ -122,10 +132,11 @@ impl Scheduler {
         Self {
             cfg,
             blocks,
-            requests: HashMap::new(),
+            requests: HashMap::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             counters: Counters::default(),
+            scratch: Vec::new(),
         }
     }
 
@@ -179,8 +190,8 @@ impl Scheduler {
     }
 
     fn release(&mut self, req: &mut Request) {
-        self.blocks
-            .release(&req.hashes[..req.full_blocks], req.private_blocks);
+        self.blocks.release_slots(&req.slots, req.private_blocks);
+        req.slots.clear();
         req.full_blocks = 0;
         req.private_blocks = 0;
         req.computed = 0;
@@ -244,22 +255,29 @@ impl Scheduler {
             };
             let req = &self.requests[&id];
             let len = req.tokens.len();
-            let hit = self.blocks.lookup_prefix(&req.hashes, len);
+            let mut slots = std::mem::take(&mut self.scratch);
+            self.blocks
+                .lookup_prefix_slots(&req.hashes, len, &mut slots);
+            let hit = slots.len();
             let cached = hit * bs;
             let n = (len - cached).min(budget);
             let new_blocks = blocks_for(cached + n, bs) - hit;
-            let taken_inactive = self.blocks.count_inactive(&req.hashes[..hit]);
+            let taken_inactive = self.blocks.count_inactive_slots(&slots);
             let need = taken_inactive + new_blocks + self.cfg.watermark_blocks;
             if self.blocks.num_available() < need {
+                self.scratch = slots;
                 break; // strict FCFS: head-of-line blocking
             }
-            let hashes = req.hashes[..hit].to_vec();
-            self.blocks.take_cached(&hashes);
+            self.blocks.take_slots(&slots);
             self.blocks
                 .allocate_private(new_blocks, events)
                 .expect("checked against num_available");
             let req = self.requests.get_mut(&id).expect("waiting");
             req.full_blocks = hit;
+            self.scratch = std::mem::replace(&mut req.slots, slots);
+            let total_blocks = req.hashes.capacity().max(req.hashes.len());
+            req.slots
+                .reserve(total_blocks.saturating_sub(req.slots.len()));
             req.private_blocks = new_blocks;
             req.computed = cached;
             req.cached_tokens.get_or_insert(cached);
@@ -294,7 +312,9 @@ impl Scheduler {
             let h = req.hashes[idx];
             req.private_blocks -= 1;
             req.full_blocks += 1;
-            if self.blocks.fill_private(h) {
+            let (slot, stored) = self.blocks.fill_private_slot(h);
+            req.slots.push(slot);
+            if stored {
                 let r = run.get_or_insert_with(|| {
                     (
                         idx.checked_sub(1).map(|p| req.hashes[p]),
@@ -374,6 +394,13 @@ impl Scheduler {
                 return Err(format!(
                     "3: request {id} computed {} holds {} full + {} private",
                     q.computed, q.full_blocks, q.private_blocks
+                ));
+            }
+            if q.slots.len() != q.full_blocks {
+                return Err(format!(
+                    "3: request {id} holds {} slots for {} full blocks",
+                    q.slots.len(),
+                    q.full_blocks
                 ));
             }
             for h in &q.hashes[..q.full_blocks] {
