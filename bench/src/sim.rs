@@ -1,27 +1,33 @@
-//! Discrete-event simulator: replays a workload through the router's own policy code
-//! ([`Router`]) and simulated engines ([`EngineCore`]) on a virtual clock. No sockets, no
-//! threads, no wall clock: the same records, config and seed give the same report, and a
-//! demo-sized run takes well under a second.
+//! Discrete-event simulator: replays a workload ([`Trace`]) through the router's own policy
+//! code ([`Router`]) and simulated engines ([`EngineCore`]) on a virtual clock. No sockets, no
+//! threads, no wall clock: the same trace, config and seed give the same report; a
+//! demo-sized run takes well under a second, the 12,031-request Mooncake trace on 8 engines
+//! a few seconds per policy (`perf/runs/2026-12-01-sim-speed/`).
 //!
 //! What it shares with `kvroute demo` and what it leaves out:
-//! - **Same code**: the policy ([`Router::decide`] then [`Router::record`], a seeded RNG breaking load ties), the
-//!   router's trees, the engine's block manager, scheduler and timing model, the KV-event wire
-//!   format (each step's events are encoded as vLLM does, decoded by
-//!   [`kvroute_core::events::decode`] and applied through [`Consumer`] into an [`EventIndex`]).
-//! - **Same arrivals**: record `i` arrives at `timestamp_ms / time_scale`; the engines run
-//!   their timing model divided by `speedup_ratio` (engine-model.md §4), as in the demo.
+//! - **Same code**: the policy ([`Router::decide`] then [`Router::record`], in one function,
+//!   a seeded RNG breaking load ties), the router's trees, the engine's block manager,
+//!   scheduler and timing model, the KV-event path into an [`EventIndex`]: with
+//!   [`SimConfig::wire_events`] each step's events are encoded as vLLM does, decoded by
+//!   [`kvroute_core::events::decode`] and applied through [`Consumer`]; without, the same
+//!   decoded batches are applied directly (tests check both give the same report).
+//! - **Same arrivals**: open-loop records arrive at `timestamp_ms / time_scale` (Mooncake,
+//!   the built-in workload); closed-loop conversations (WEKA, traces.md §4) send each request
+//!   when the previous one's last token is out plus its think time, from seeded start
+//!   offsets. The engines run their timing model divided by `speedup_ratio`
+//!   (engine-model.md §4), as in the demo.
 //! - **Left out**: HTTP, tokenization time and the chat template (prompts are the records'
-//!   token ids, [`PromptBuilder::prompt_tokens`]; text routing sees
-//!   [`PromptBuilder::prompt_text`]), OS scheduling noise. KV events reach the router
-//!   `event_delay_ms` after the step that produced them starts (default 0).
+//!   token ids, [`PromptBuilder::prompt`]; text routing sees their text), OS scheduling
+//!   noise. KV events reach the router `event_delay_ms` after the step that produced them
+//!   starts (default 0).
 //!
 //! Loads are what the gateway counts, with its own code ([`Workers`], [`LoadGuard`]): requests
 //! a replica routed to a worker and that have not finished, plus, with load reports, the
 //! engine's other requests.
 //!
 //! Event order at one instant: engine steps that end, then KV events due, then load reports,
-//! then arrivals, then engines with work start their next step (a request that arrives while its engine is
-//! stepping waits for the next step, as in the engine server's driver).
+//! then arrivals, then engines with work start their next step (a request that arrives while
+//! its engine is stepping waits for the next step, as in the engine server's driver).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
