@@ -139,10 +139,16 @@ pub fn sweep_grid(flags: &[String]) -> anyhow::Result<Vec<Setting>> {
 /// Field names of the serialized router [`Config`], sorted.
 fn config_fields() -> Vec<String> {
     let v = serde_json::to_value(Config::default()).expect("Config serializes");
-    let mut f: Vec<String> = v
-        .as_object()
-        .map(|o| o.keys().cloned().collect())
-        .unwrap_or_default();
+    let o = v.as_object();
+    // Top-level keys, with the `[knobs]` table's fields in its place.
+    let mut f: Vec<String> = o
+        .into_iter()
+        .flatten()
+        .flat_map(|(k, v)| match (k.as_str(), v.as_object()) {
+            ("knobs", Some(kn)) => kn.keys().cloned().collect::<Vec<_>>(),
+            _ => vec![k.clone()],
+        })
+        .collect();
     f.sort();
     f
 }

@@ -80,10 +80,10 @@ pub const HASH_LOAD_FACTOR: f64 = 1.25;
 /// predicted_ttft weight α of the request's own prefill (1 = pure predicted TTFT; above 1 a
 /// miss pays for the capacity it takes from later requests). Measured with `kvroute simulate`
 /// (perf/runs/2026-12-01-policies).
-pub const TTFT_PREFILL_WEIGHT: f64 = 2.0;
+pub const TTFT_PREFILL_WEIGHT: f64 = 3.0;
 /// predicted_ttft weight of evicted blocks' prefill time. Measured as
 /// [`TTFT_PREFILL_WEIGHT`].
-pub const TTFT_EVICT_WEIGHT: f64 = 0.5;
+pub const TTFT_EVICT_WEIGHT: f64 = 1.5;
 /// predicted_ttft charge when a request does not fit in free KV memory, ms: 10 s, above any
 /// queue wait the trees' workloads produce, so a worker that would preempt is chosen last.
 /// kvroute's choice.
