@@ -102,8 +102,8 @@ impl Worker {
     }
 
     /// [`Worker::report`] with the whole report ([`crate::load::engine_report`]): its running
-    /// + waiting make the foreign part, the rest (KV usage) reaches policies through
-    /// [`Worker::load_view`], and the since-poll credit restarts.
+    /// and waiting requests make the foreign part, the rest (KV usage) reaches policies
+    /// through [`Worker::load_view`], and the since-poll credit restarts.
     pub fn report_engine(&self, report: Option<EngineReport>) {
         let foreign = report.map_or(0, |r| r.total().saturating_sub(self.in_flight()));
         self.foreign.store(foreign, Ordering::Relaxed);

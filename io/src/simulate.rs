@@ -575,6 +575,7 @@ mod tests {
             hit_tokens: Default::default(),
             index_drift: None,
             evicted_blocks: 0,
+            learned: Vec::new(),
             prefill_tokens: 0,
             load_cv: 0.0,
             sticky: Default::default(),

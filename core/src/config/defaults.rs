@@ -25,8 +25,25 @@ pub const CONNECT_TIMEOUT_MS: u64 = 3_000;
 /// 10 s (engine-model.md §7); with several router replicas, a poll well under a request's
 /// time in the engine keeps their views close (bug-cases.md B44).
 pub const LOAD_POLL_MS: u64 = 0;
-/// Routing policy. Source: SMG `--policy` default `cache_aware`.
-pub const POLICY: PolicyKind = PolicyKind::CacheAware;
+/// Routing policy: `predicted_ttft`, kvroute's own (the lowest predicted time to first
+/// token), because it won the measurements of issue 14 on TTFT with the anchors' hit rates.
+/// `kvroute simulate`, 8 engines, engine load reports every 1 s, on KV events
+/// (perf/runs/2026-12-01-policies):
+///
+/// | workload | policy | hit % (bound) | TTFT p99 ms | max/mean |
+/// |---|---|---|---|---|
+/// | Mooncake ×8 | predicted_ttft | 35.2 (37.4) | 1,911 | 1.29 |
+/// | | smg_cache_aware | 36.4 | 2,462 | 1.05 |
+/// | | dynamo_kv | 22.8 | 2,017 | 1.04 |
+/// | Mooncake ×1 | predicted_ttft | 36.2 | 1,691 | 1.09 |
+/// | | smg_cache_aware | 36.5 | 1,691 | 1.03 |
+/// | | dynamo_kv | 29.9 | 1,586 | 1.04 |
+/// | WEKA, 12 conversations | predicted_ttft | 95.2 (95.5) | 4,082 | 1.75 |
+/// | | smg_cache_aware | 90.4 | 17,465 | 2.42 |
+/// | | dynamo_kv | 94.2 | 3,856 | 2.30 |
+///
+/// SMG's `--policy` default is `cache_aware` (anchors.md §2.3), still available by name.
+pub const POLICY: PolicyKind = PolicyKind::PredictedTtft;
 /// cache_aware: a match ratio (matched chars / request chars) strictly above this makes the
 /// prefix holders the candidates; a fraction in [0, 1]. Source: SMG `--cache-threshold` 0.3.
 pub const CACHE_THRESHOLD: f64 = 0.3;
@@ -78,11 +95,16 @@ pub const PREFIX_HASH_TOKENS: usize = 256;
 /// Bounded Loads" (SODA 2018), the c used in HAProxy's `hash-balance-factor 125`.
 pub const HASH_LOAD_FACTOR: f64 = 1.25;
 /// predicted_ttft weight α of the request's own prefill (1 = pure predicted TTFT; above 1 a
-/// miss pays for the capacity it takes from later requests). Measured with `kvroute simulate`
-/// (perf/runs/2026-12-01-policies).
+/// miss pays for the capacity it takes from later requests). Measured with `kvroute simulate
+/// --sweep` on Mooncake ×8 (8 engines, 365,600 blocks, load reports every 1 s), (α,
+/// eviction weight) → hit %, TTFT p99 ms: (1, 0.5) 29.7, 19,776 (misses recomputed
+/// everywhere); (2, 0.5) 34.0, 1,792; (3, 1.5) 35.2, 1,911; (4, 0.5) 35.3, 1,972; (6, 0.5)
+/// 35.7, 2,107; (6, 1.5) 35.9, 2,109: α trades tail for hit rate; 3 keeps the tail lowest
+/// within 1.3 points of the best anchor's hit rate.
 pub const TTFT_PREFILL_WEIGHT: f64 = 3.0;
-/// predicted_ttft weight of evicted blocks' prefill time. Measured as
-/// [`TTFT_PREFILL_WEIGHT`].
+/// predicted_ttft weight of evicted blocks' prefill time: at α = 3, 0 → 34.6 %, 1,920 ms and
+/// max/mean 1.60; 1.5 → 35.2 %, 1,911 ms, 1.29; 3 → 34.8 %, 2,007 ms (same sweep as
+/// [`TTFT_PREFILL_WEIGHT`]).
 pub const TTFT_EVICT_WEIGHT: f64 = 1.5;
 /// predicted_ttft charge when a request does not fit in free KV memory, ms: 10 s, above any
 /// queue wait the trees' workloads produce, so a worker that would preempt is chosen last.

@@ -329,7 +329,7 @@ impl PolicyKnobs {
     /// [`CoreError::ConfigValue`] for a value out of range.
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), CoreError> {
         let name = name.trim().replace('-', "_");
-        let mut table = toml::Table::try_from(&*self).expect("knobs serialize to a table");
+        let mut table = toml::Table::try_from(*self).expect("knobs serialize to a table");
         let v: toml::Table = toml::from_str(&format!("v = {value}"))?;
         table.insert(name, v["v"].clone());
         let next: PolicyKnobs = table.try_into()?;
@@ -362,7 +362,7 @@ impl PolicyKnobs {
     /// prefill_load_scale)` in effect.
     pub fn kv_credit_and_scale(&self) -> (f64, f64) {
         match self.kv_overlap_weight {
-            Some(w) if w == 0.0 => (0.0, 0.0),
+            Some(0.0) => (0.0, 0.0),
             Some(w) => (self.overlap_score_credit, w),
             None => (self.overlap_score_credit, self.prefill_load_scale),
         }
@@ -882,7 +882,7 @@ mod tests {
     fn empty_toml_equals_default() {
         assert_eq!(Config::from_toml_str("").unwrap(), Config::default());
         assert_eq!(Config::default().cache_threshold, defaults::CACHE_THRESHOLD);
-        assert_eq!(Config::default().policy, PolicyKind::CacheAware);
+        assert_eq!(Config::default().policy, PolicyKind::PredictedTtft);
     }
 
     #[test]

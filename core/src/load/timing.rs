@@ -134,9 +134,9 @@ impl PrefillModel {
         self.theta[0] = (self.theta[0] + k[0] * err).clamp(1.0 / BOUND, BOUND);
         self.theta[1] = (self.theta[1] + k[1] * err).clamp(0.0, PRIOR[3] * BOUND);
         // P = (P − k·(P·x)ᵀ) / λ (P is symmetric, so xᵀ·P = (P·x)ᵀ).
-        for i in 0..2 {
-            for j in 0..2 {
-                self.p[i][j] = (self.p[i][j] - k[i] * px[j]) / FORGETTING;
+        for (row, ki) in self.p.iter_mut().zip(k) {
+            for (v, pxj) in row.iter_mut().zip(px) {
+                *v = (*v - ki * pxj) / FORGETTING;
             }
         }
         // Wind-up guard: directions no sample excites grow by 1/λ per sample; past the

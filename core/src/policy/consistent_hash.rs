@@ -32,7 +32,10 @@ impl Ring {
             .flat_map(|w| {
                 (0..VIRTUAL_NODES).map(move |v| {
                     let id = ((w as u64) << 32) | v as u64;
-                    (xxh3_64_with_seed(&id.to_le_bytes(), 0x6b76_726f_7574_65), w)
+                    (
+                        xxh3_64_with_seed(&id.to_le_bytes(), 0x006b_7672_6f75_7465),
+                        w,
+                    )
                 })
             })
             .collect();

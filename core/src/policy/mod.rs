@@ -475,8 +475,10 @@ impl Router {
             now_ms: snap.now_ms,
         };
         let token_len = req.prompt_tokens.max(1) as usize;
-        if let (Some(_), Some(ev)) = (req.ids, &self.events) {
-            if !ev.is_empty() {
+        if let (Some(_), Some(ev)) = (req.ids, &self.events)
+            && !ev.is_empty()
+        {
+            {
                 let o = Overlaps::from_index(
                     Source::Events,
                     Unit::Tokens,
