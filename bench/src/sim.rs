@@ -1374,4 +1374,61 @@ mod calibration_tests {
             assert!((got - want).abs() / want < 0.1, "{c:?}");
         }
     }
+
+    /// Seed doc 003's herding experiment (anchors.md §7 E6): 4 engines, a 4-block system
+    /// prompt shared by 48 sessions × 3 turns, each turn of all sessions within one second
+    /// (a backlog, as E6's). `pure_affinity` piles nearly every request on
+    /// one engine; `kv_aware` and `predicted_ttft` (on events) spread them (coefficient of
+    /// variation of requests per engine < 0.1) and keep most turns where their history is
+    /// (sticky share > 60 %).
+    #[test]
+    fn herding_pure_affinity_piles_the_cost_policies_spread() {
+        let records: Vec<TraceRecord> = (0..48u64)
+            .flat_map(|s| {
+                (0..3u64).map(move |k| TraceRecord {
+                    timestamp_ms: s * 20 + k * 10_000,
+                    input_length: ((5 + k) * 512) as u32,
+                    output_length: 200,
+                    hash_ids: (0..4).chain((0..=k).map(|j| 1_000 + s * 10 + j)).collect(),
+                })
+            })
+            .collect();
+        let mut records = records;
+        records.sort_by_key(|r| r.timestamp_ms);
+        let run = |name: &str| {
+            let r: Run = name.parse().unwrap();
+            let cfg = SimConfig {
+                engines: 4,
+                engine: EngineConfig {
+                    num_gpu_blocks: 20_000,
+                    ..EngineConfig::default()
+                },
+                router: Config {
+                    policy: r.policy,
+                    load_poll_ms: 500,
+                    ..Config::default()
+                },
+                routing: r.routing,
+                time_scale: 1.0,
+                seed: DEFAULT_SEED,
+                event_delay_ms: DEFAULT_EVENT_DELAY_MS,
+                replicas: 1,
+                spread_secs: DEFAULT_SPREAD_SECS,
+                wire_events: false,
+            };
+            simulate(&Trace::mooncake(records.clone()), &prompts(), &cfg).unwrap()
+        };
+        let herd = run("pure_affinity_events");
+        let most = herd.replay.per_worker.values().copied().max().unwrap();
+        assert!(
+            most as f64 >= 0.9 * 144.0,
+            "pure_affinity: {most} of 144 on one engine"
+        );
+        for name in ["kv_aware_events", "predicted_ttft_events"] {
+            let rep = run(name);
+            assert!(rep.load_cv < 0.1, "{name}: cv {}", rep.load_cv);
+            assert!(rep.sticky.share > 0.6, "{name}: sticky {:?}", rep.sticky);
+            assert_eq!(rep.replay.ok, 144, "{name}");
+        }
+    }
 }

@@ -32,13 +32,13 @@ pub const LOAD_POLL_MS: u64 = 0;
 ///
 /// | workload | policy | hit % (bound) | TTFT p99 ms | max/mean |
 /// |---|---|---|---|---|
-/// | Mooncake ×8 | predicted_ttft | 35.2 (37.4) | 1,911 | 1.29 |
+/// | Mooncake ×8 | predicted_ttft | 34.4 (37.4) | 1,916 | 1.23 |
 /// | | smg_cache_aware | 36.4 | 2,462 | 1.05 |
 /// | | dynamo_kv | 22.8 | 2,017 | 1.04 |
-/// | Mooncake ×1 | predicted_ttft | 36.2 | 1,691 | 1.09 |
+/// | Mooncake ×1 | predicted_ttft | 35.9 | 1,668 | 1.02 |
 /// | | smg_cache_aware | 36.5 | 1,691 | 1.03 |
 /// | | dynamo_kv | 29.9 | 1,586 | 1.04 |
-/// | WEKA, 12 conversations | predicted_ttft | 95.2 (95.5) | 4,082 | 1.75 |
+/// | WEKA, 12 conversations | predicted_ttft | 94.8 (95.5) | 4,082 | 2.42 |
 /// | | smg_cache_aware | 90.4 | 17,465 | 2.42 |
 /// | | dynamo_kv | 94.2 | 3,856 | 2.30 |
 ///
@@ -99,9 +99,9 @@ pub const HASH_LOAD_FACTOR: f64 = 1.25;
 /// --sweep` on Mooncake ×8 (8 engines, 365,600 blocks, load reports every 1 s), (α,
 /// eviction weight) → hit %, TTFT p99 ms: (1, 0.5) 29.7, 19,776 (misses recomputed
 /// everywhere); (2, 0.5) 34.0, 1,792; (3, 1.5) 35.2, 1,911; (4, 0.5) 35.3, 1,972; (6, 0.5)
-/// 35.7, 2,107; (6, 1.5) 35.9, 2,109: α trades tail for hit rate; 3 keeps the tail lowest
-/// within 1.3 points of the best anchor's hit rate.
-pub const TTFT_PREFILL_WEIGHT: f64 = 3.0;
+/// 35.7, 2,107; (6, 1.5) 35.9, 2,109: α trades tail for hit rate. With the decode term
+/// ([`TTFT_DECODE_WEIGHT`] 0.5), α 3 → 33.3 %, 1,922 ms; α 5 → 34.4 %, 1,916 ms.
+pub const TTFT_PREFILL_WEIGHT: f64 = 5.0;
 /// predicted_ttft weight of evicted blocks' prefill time: at α = 3, 0 → 34.6 %, 1,920 ms and
 /// max/mean 1.60; 1.5 → 35.2 %, 1,911 ms, 1.29; 3 → 34.8 %, 2,007 ms (same sweep as
 /// [`TTFT_PREFILL_WEIGHT`]).
@@ -110,6 +110,12 @@ pub const TTFT_EVICT_WEIGHT: f64 = 1.5;
 /// queue wait the trees' workloads produce, so a worker that would preempt is chosen last.
 /// kvroute's choice.
 pub const TTFT_NO_FIT_MS: f64 = 10_000.0;
+/// predicted_ttft weight of active decode blocks (1 = Dynamo's equivalence of a decode block
+/// and a prefill block, anchors.md §3.1). Seed doc 003's herding test needs ≥ 0.5 (0.25 leaves
+/// a coefficient of variation of 0.27 over 4 engines; 0.5 passes under 0.1); on Mooncake ×8
+/// at α 3, 0.25 → 34.3 %, 1,883 ms; 1 → 31.2 %, 1,959 ms (the decode load spreads sessions off
+/// their prefix); 0.5 is the least that stops herding.
+pub const TTFT_DECODE_WEIGHT: f64 = 0.5;
 /// Prompt chars per token, for text requests. Source: OpenAI's rule of thumb for English ("1
 /// token ≈ 4 characters", help.openai.com "What are tokens").
 pub const CHARS_PER_TOKEN: f64 = 4.0;

@@ -169,6 +169,9 @@ pub struct PolicyKnobs {
     /// predicted_ttft: charge when the request's new blocks do not fit in the worker's free
     /// KV memory, ms ([`defaults::TTFT_NO_FIT_MS`]); ≥ 0.
     pub ttft_no_fit_ms: f64,
+    /// predicted_ttft: weight of the worker's active decode blocks, each charged one block's
+    /// prefill ms ([`defaults::TTFT_DECODE_WEIGHT`]); ≥ 0.
+    pub ttft_decode_weight: f64,
     /// Prompt chars per token, for text requests' token estimates
     /// ([`defaults::CHARS_PER_TOKEN`]); > 0.
     pub chars_per_token: f64,
@@ -194,6 +197,7 @@ impl Default for PolicyKnobs {
             ttft_prefill_weight: defaults::TTFT_PREFILL_WEIGHT,
             ttft_evict_weight: defaults::TTFT_EVICT_WEIGHT,
             ttft_no_fit_ms: defaults::TTFT_NO_FIT_MS,
+            ttft_decode_weight: defaults::TTFT_DECODE_WEIGHT,
             chars_per_token: defaults::CHARS_PER_TOKEN,
         }
     }
@@ -306,6 +310,12 @@ impl PolicyKnobs {
                 "ttft_no_fit_ms",
                 k.ttft_no_fit_ms,
                 nonneg(k.ttft_no_fit_ms),
+                ">= 0",
+            ),
+            (
+                "ttft_decode_weight",
+                k.ttft_decode_weight,
+                nonneg(k.ttft_decode_weight),
                 ">= 0",
             ),
             (

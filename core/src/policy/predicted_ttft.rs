@@ -2,7 +2,7 @@
 //! time to first token, ms, charged for what the request costs the worker:
 //!
 //! ```text
-//! cost_w = wait_w + α · own_w + evict_w + no_fit_w
+//! cost_w = wait_w + α · own_w + evict_w + no_fit_w + decode_w
 //! wait_w = the worker's prefill clock − now: when it will have prefilled what is booked on it
 //!          (advanced by each dispatch's predicted prefill, re-anchored at every observed
 //!          first token; crate::load::active)
@@ -14,7 +14,14 @@
 //!          (capacity − cached blocks), when both are known
 //! no_fit_w = no_fit_ms when its new blocks exceed the worker's free KV memory
 //!          (capacity × (1 − KV usage) − blocks dispatched since that report), when known
+//! decode_w = decode_weight · the worker's unique active blocks · one block's prefill ms
 //! ```
+//!
+//! The decode term is Dynamo's (anchors.md §3.1: a decode block weighs as a prefill block),
+//! in ms: without it a stream of short prefills that each drain before the next arrives
+//! piles every session on the holder of their shared prefix (its queue is always empty),
+//! and that worker's decode batch, TPOT and KV memory pay for it (seed doc 003's herding
+//! experiment, test `herding_pure_affinity_piles_the_cost_policies_spread`).
 //!
 //! α > 1 charges a miss for the capacity it burns: a long uncached prefill delays every
 //! request queued after it on that worker, so a worker that would recompute a prefix must be
@@ -38,6 +45,9 @@ pub struct TtftParams {
     pub evict_weight: f64,
     /// Charge when the request does not fit, ms.
     pub no_fit_ms: f64,
+    /// Weight of the worker's active decode blocks, each charged what prefilling one block
+    /// costs on that worker.
+    pub decode_weight: f64,
 }
 
 impl TtftParams {
@@ -47,6 +57,7 @@ impl TtftParams {
             prefill_weight: k.ttft_prefill_weight,
             evict_weight: k.ttft_evict_weight,
             no_fit_ms: k.ttft_no_fit_ms,
+            decode_weight: k.ttft_decode_weight,
         }
     }
 }
@@ -56,7 +67,8 @@ pub fn decode_load(w: &WorkerLoad) -> f64 {
     crate::load::active::decode_load(w.in_flight, &w.active)
 }
 
-/// The terms of `cost_w` (module doc) for worker `w`: `(wait, own, evict, no_fit)`, ms.
+/// The terms of `cost_w` (module doc) for worker `w`: `(wait, own, evict + decode, no_fit)`,
+/// ms.
 pub fn terms(
     p: &TtftParams,
     snap: &Snapshot<'_>,
@@ -85,7 +97,11 @@ pub fn terms(
             }
         }
     }
-    (a.prefill_wait_ms, own, evict, no_fit)
+    // A block's worth of prefill at full-chunk efficiency, on this worker's curve.
+    let step = a.step_tokens as u64;
+    let per_block = a.prefill.prefill_ms(step, a.step_tokens, 0.0) * bs as f64 / step as f64;
+    let decode = p.decode_weight * a.decode_blocks as f64 * per_block;
+    (a.prefill_wait_ms, own, evict + decode, no_fit)
 }
 
 /// The lowest predicted cost (module doc).
