@@ -122,23 +122,7 @@ fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
 /// all label sets (one per DP rank or model), rounded. `None` when no such gauge appears (not
 /// an engine we know, or an error page): the load is then unknown, not 0.
 pub fn engine_requests(metrics: &str) -> Option<usize> {
-    let mut total = None;
-    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        if !REQUEST_GAUGES.contains(&&line[..name_end]) {
-            continue;
-        }
-        let Some(v) = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|v| v.is_finite() && *v >= 0.0)
-        else {
-            continue;
-        };
-        *total.get_or_insert(0.0) += v;
-    }
-    total.map(|t: f64| t.round() as usize)
+    engine_report(metrics).map(|r| r.total())
 }
 
 #[cfg(test)]

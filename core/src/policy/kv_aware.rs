@@ -21,7 +21,7 @@
 
 use super::prefix::Overlaps;
 use super::wait::{pick_min, softmax_min};
-use super::{Decision, Reason, Request, Snapshot};
+use super::{Decision, Request, Snapshot};
 use crate::config::PolicyKnobs;
 use rand::Rng;
 
@@ -122,11 +122,5 @@ pub fn decide(
         pick_min(0..c.len(), |i| c[i].1, rng).map(|i| c[i].0)
     }
     .unwrap_or(snap.eligible[0]);
-    Decision {
-        worker,
-        reason: Reason::Cost {
-            matched_tokens: ov.tokens(worker) as usize,
-            ratio: ov.ratio(worker),
-        },
-    }
+    Decision::by_cost(worker, ov)
 }

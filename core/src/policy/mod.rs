@@ -169,6 +169,19 @@ pub struct Decision {
     pub reason: Reason,
 }
 
+impl Decision {
+    /// A cost policy's choice of `worker`, with its overlap in `ov` ([`Reason::Cost`]).
+    pub fn by_cost(worker: usize, ov: &Overlaps) -> Self {
+        Self {
+            worker,
+            reason: Reason::Cost {
+                matched_tokens: ov.tokens(worker) as usize,
+                ratio: ov.ratio(worker),
+            },
+        }
+    }
+}
+
 /// What a policy may read: every worker's load ([`WorkerLoad`]: requests in flight, booked
 /// prefill tokens and time, active decode blocks, the last engine report with its since-poll
 /// credit, the learned prefill curve), the eligible ones, the request's sequence number and

@@ -32,7 +32,7 @@
 
 use super::prefix::Overlaps;
 use super::wait::pick_min;
-use super::{Decision, Reason, Request, Snapshot, WorkerLoad};
+use super::{Decision, Request, Snapshot, WorkerLoad};
 use crate::config::PolicyKnobs;
 use rand::Rng;
 
@@ -117,11 +117,5 @@ pub fn decide(
         wait + p.prefill_weight * own + evict + no_fit
     };
     let worker = pick_min(snap.eligible.iter().copied(), cost, rng).unwrap_or(snap.eligible[0]);
-    Decision {
-        worker,
-        reason: Reason::Cost {
-            matched_tokens: ov.tokens(worker) as usize,
-            ratio: ov.ratio(worker),
-        },
-    }
+    Decision::by_cost(worker, ov)
 }

@@ -3,18 +3,12 @@
 //! shared prefix lands on its first holder.
 
 use super::prefix::Overlaps;
-use super::{Decision, Reason, Snapshot};
+use super::{Decision, Snapshot};
 use rand::Rng;
 
 /// The largest overlap.
 pub fn decide(snap: &Snapshot<'_>, ov: &Overlaps, rng: &mut impl Rng) -> Decision {
     let worker = super::wait::pick_min(snap.eligible.iter().copied(), |w| -(ov.of(w) as f64), rng)
         .unwrap_or(snap.eligible[0]);
-    Decision {
-        worker,
-        reason: Reason::Cost {
-            matched_tokens: ov.tokens(worker) as usize,
-            ratio: ov.ratio(worker),
-        },
-    }
+    Decision::by_cost(worker, ov)
 }

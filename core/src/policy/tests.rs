@@ -119,33 +119,14 @@ fn a_shared_short_system_prompt_is_a_miss() {
 /// ⌈1.25 · 64 / 4⌉ = 20 at most).
 #[test]
 fn b1_b4_sixty_four_misses_spread_for_every_policy() {
-    use crate::workers::Workers;
     for kind in PolicyKind::ALL {
-        let r = router(kind);
-        let urls: Vec<String> = (0..4).map(|i| format!("http://w{i}:80")).collect();
-        let workers = Workers::new(&urls).unwrap();
-        let mut guards = Vec::new();
-        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        for i in 0..64u64 {
-            // Distinct from the first char on: every request is a miss.
-            let prompt = format!(
+        // Distinct from the first char on: every request is a miss.
+        let loads = dispatch_concurrent(kind, 4, 64, false, |i| {
+            format!(
                 "{:016x} unique prompt",
                 (i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            );
-            let key = text_key(&prompt);
-            let view = workers.snapshot("m", &[], 0);
-            let snap = Snapshot {
-                workers: &view.workers,
-                eligible: &view.eligible,
-                seq: i,
-                now_ms: 0,
-            };
-            let d = r.decide(&snap, &key, &mut rng);
-            let booking = r.booking(&snap, &key, &d);
-            guards.push(workers.get(d.worker).unwrap().acquire_booked(booking, 0.0));
-            r.record(&key, &d, 0);
-        }
-        let loads = workers.loads();
+            )
+        });
         let (lo, hi) = match kind {
             PolicyKind::Random | PolicyKind::PureAffinity => (6, 26),
             PolicyKind::PrefixHash => (0, 20),
@@ -156,8 +137,6 @@ fn b1_b4_sixty_four_misses_spread_for_every_policy() {
             "{kind}: {loads:?}"
         );
         assert_eq!(loads.iter().sum::<usize>(), 64);
-        drop(guards);
-        assert_eq!(workers.loads(), vec![0; 4], "{kind}");
     }
 }
 
@@ -849,7 +828,8 @@ proptest! {
 
 /// `requests` concurrent requests (`prompt(i)`) dispatched over `n` fresh workers as the
 /// gateway does it (snapshot, decide, book, record, hold the guard); each worker's engine
-/// reported 0 running at one poll before them when `polled`. Returns the requests per worker.
+/// reported 0 running at one poll before them when `polled`. Returns the requests per worker
+/// while all are in flight; checks that dropping the guards brings every load back to 0.
 fn dispatch_concurrent(
     kind: PolicyKind,
     n: usize,
@@ -882,7 +862,14 @@ fn dispatch_concurrent(
         guards.push(workers.get(d.worker).unwrap().acquire_booked(booking, 0.0));
         r.record(&key, &d, 0);
     }
-    workers.loads()
+    let loads = workers.loads();
+    drop(guards);
+    assert_eq!(
+        workers.loads(),
+        vec![0; n],
+        "{kind}: every guard releases once"
+    );
+    loads
 }
 
 /// bug-cases.md B6 (vllm-project/router #177): engines polled idle, then 8 concurrent
