@@ -32,13 +32,13 @@ pub const LOAD_POLL_MS: u64 = 0;
 ///
 /// | workload | policy | hit % (bound) | TTFT p99 ms | max/mean |
 /// |---|---|---|---|---|
-/// | Mooncake ×8 | predicted_ttft | 34.4 (37.4) | 1,916 | 1.23 |
+/// | Mooncake ×8 | predicted_ttft | 33.3 (37.4) | 1,922 | 1.20 |
 /// | | smg_cache_aware | 36.4 | 2,462 | 1.05 |
 /// | | dynamo_kv | 22.8 | 2,017 | 1.04 |
-/// | Mooncake ×1 | predicted_ttft | 35.9 | 1,668 | 1.02 |
+/// | Mooncake ×1 | predicted_ttft | 35.2 | 1,645 | 1.04 |
 /// | | smg_cache_aware | 36.5 | 1,691 | 1.03 |
 /// | | dynamo_kv | 29.9 | 1,586 | 1.04 |
-/// | WEKA, 12 conversations | predicted_ttft | 94.8 (95.5) | 4,082 | 2.42 |
+/// | WEKA, 12 conversations | predicted_ttft | 95.0 (95.5) | 4,082 | 1.86 |
 /// | | smg_cache_aware | 90.4 | 17,465 | 2.42 |
 /// | | dynamo_kv | 94.2 | 3,856 | 2.30 |
 ///
@@ -100,8 +100,10 @@ pub const HASH_LOAD_FACTOR: f64 = 1.25;
 /// eviction weight) → hit %, TTFT p99 ms: (1, 0.5) 29.7, 19,776 (misses recomputed
 /// everywhere); (2, 0.5) 34.0, 1,792; (3, 1.5) 35.2, 1,911; (4, 0.5) 35.3, 1,972; (6, 0.5)
 /// 35.7, 2,107; (6, 1.5) 35.9, 2,109: α trades tail for hit rate. With the decode term
-/// ([`TTFT_DECODE_WEIGHT`] 0.5), α 3 → 33.3 %, 1,922 ms; α 5 → 34.4 %, 1,916 ms.
-pub const TTFT_PREFILL_WEIGHT: f64 = 5.0;
+/// ([`TTFT_DECODE_WEIGHT`] 0.5), α 3 → 33.3 %, 1,922 ms; α 5 → 34.4 %, 1,916 ms, but α 5
+/// fails seed doc 003's herding test (coefficient of variation 0.36 over 4 engines against
+/// < 0.1 at α 3): stickier than the decode term can spread.
+pub const TTFT_PREFILL_WEIGHT: f64 = 3.0;
 /// predicted_ttft weight of evicted blocks' prefill time: at α = 3, 0 → 34.6 %, 1,920 ms and
 /// max/mean 1.60; 1.5 → 35.2 %, 1,911 ms, 1.29; 3 → 34.8 %, 2,007 ms (same sweep as
 /// [`TTFT_PREFILL_WEIGHT`]).

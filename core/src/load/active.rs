@@ -74,8 +74,8 @@ pub fn decode_load(in_flight: usize, v: &ActiveView) -> f64 {
 }
 
 /// A worker's active load at one instant, as a policy reads it
-/// ([`kvroute_core::policy::Snapshot`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// ([`kvroute_core::policy::Snapshot`]). The default is an idle worker with the prior curve.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ActiveView {
     /// Booked requests that have not had their first token.
     pub prefill_requests: usize,
@@ -98,6 +98,21 @@ pub struct ActiveView {
     pub prefill: PrefillModel,
     /// Step token budget assumed for the worker, tokens.
     pub step_tokens: usize,
+}
+
+impl Default for ActiveView {
+    fn default() -> Self {
+        Self {
+            prefill_requests: 0,
+            prefill_tokens: 0,
+            prefill_wait_ms: 0.0,
+            decode_blocks: 0,
+            since_poll_tokens: 0,
+            engine: None,
+            prefill: PrefillModel::default(),
+            step_tokens: STEP_TOKENS,
+        }
+    }
 }
 
 #[derive(Debug)]

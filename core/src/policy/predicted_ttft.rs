@@ -98,7 +98,7 @@ pub fn terms(
         }
     }
     // A block's worth of prefill at full-chunk efficiency, on this worker's curve.
-    let step = a.step_tokens as u64;
+    let step = a.step_tokens.max(1) as u64;
     let per_block = a.prefill.prefill_ms(step, a.step_tokens, 0.0) * bs as f64 / step as f64;
     let decode = p.decode_weight * a.decode_blocks as f64 * per_block;
     (a.prefill_wait_ms, own, evict + decode, no_fit)

@@ -42,7 +42,8 @@ pub fn expected_wait_s(snap: &Snapshot<'_>, w: usize, fleet_dark: bool) -> f64 {
 }
 
 /// The candidate with the lowest `score`, ties broken uniformly at random — never by list
-/// order (bug-cases.md B1). `None` when `candidates` is empty. Scores are compared exactly.
+/// order (bug-cases.md B1). `None` when `candidates` is empty. Scores are compared exactly;
+/// a NaN score counts as +∞ (it never wins over a number).
 pub fn pick_min(
     candidates: impl IntoIterator<Item = usize>,
     score: impl Fn(usize) -> f64,
@@ -52,6 +53,7 @@ pub fn pick_min(
     let mut ties = 0u32;
     for w in candidates {
         let s = score(w);
+        let s = if s.is_nan() { f64::INFINITY } else { s };
         match best {
             Some((_, b)) if s > b => {}
             Some((_, b)) if s == b => {
