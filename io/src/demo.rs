@@ -17,8 +17,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use kvroute_bench::sim::EVENTS_RUN;
-
 /// Tokenizer for the events run (token mode): `KVROUTE_TOKENIZER`, else the embedded Qwen3
 /// tokenizer the simulated engines use.
 fn events_tokenizer() -> PathBuf {
@@ -248,14 +246,14 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                 drift.missed += d.missed;
                 drift.cached = d.cached;
             }
-            notes.push(events_note(&totals));
+            notes.push(events_note(name, &totals));
             let each = if indexes.len() > 1 {
                 format!(" (each of {} replicas)", indexes.len())
             } else {
                 String::new()
             };
             notes.push(format!(
-                "{EVENTS_RUN}: router index{each} vs engines after the run: phantom {}, missed \
+                "{name}: router index{each} vs engines after the run: phantom {}, missed \
                  {} of {} cached blocks",
                 drift.phantom, drift.missed, drift.cached
             ));
@@ -380,11 +378,11 @@ fn event_totals(ix: &kvroute_core::events::EventIndex) -> kvroute_core::events::
     t
 }
 
-/// One line of the fault counters of [`event_totals`] (size mismatches include length
-/// mismatches).
-fn events_note(t: &kvroute_core::events::StreamStats) -> String {
+/// One line of the fault counters of [`event_totals`] for run `name` (size mismatches include
+/// length mismatches).
+fn events_note(name: &str, t: &kvroute_core::events::StreamStats) -> String {
     format!(
-        "{EVENTS_RUN}: {} batches, {} events, gaps {}, replays {}, unrecoverable {}, restarts {}, \
+        "{name}: {} batches, {} events, gaps {}, replays {}, unrecoverable {}, restarts {}, \
          duplicates {}, decode errors {}, orphans {} (replays for them {}), size mismatches {}",
         t.batches,
         t.events,

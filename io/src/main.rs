@@ -680,9 +680,11 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
 fn main() -> anyhow::Result<()> {
     let matches = with_defaults(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches)?;
-    // `serve` may take its log format from its config file: it starts logging itself.
+    // `serve` may take its log format from its config file: it starts logging itself. The
+    // other commands run gateways of their own (demo) whose per-request access lines would
+    // bury their report: they log those only when `RUST_LOG` asks.
     if !matches!(cli.command, Command::Serve(_)) {
-        init_logging(Default::default());
+        init_logging_with(Default::default(), "info,kvroute::access=warn");
     }
     match cli.command {
         Command::Serve(args) => serve(*args),
@@ -717,9 +719,14 @@ fn main() -> anyhow::Result<()> {
 /// Logs to stderr in `format`, at `RUST_LOG` (default `info`); colour only when stderr is a
 /// terminal (a log file or journald gets plain text).
 fn init_logging(format: kvroute_core::config::LogFormat) {
+    init_logging_with(format, "info");
+}
+
+/// [`init_logging`] with `default` as the filter when `RUST_LOG` is unset.
+fn init_logging_with(format: kvroute_core::config::LogFormat, default: &str) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
