@@ -5,7 +5,8 @@
 //! cost_w = wait_w + α · own_w + evict_w + no_fit_w + decode_w
 //! wait_w = the worker's prefill clock − now: when it will have prefilled what is booked on it
 //!          (advanced by each dispatch's predicted prefill, re-anchored at every observed
-//!          first token; crate::load::active)
+//!          first token; once first tokens are overdue, the age of the oldest booking still
+//!          waiting for one; crate::load::active)
 //! own_w  = the worker's learned prefill curve (crate::load::timing) at this request's new
 //!          tokens there: prompt − its overlap on w (at least the last token), chunked under
 //!          the step token budget, slower while the worker decodes

@@ -947,3 +947,58 @@ fn b2_misses_never_go_to_the_smallest_tree() {
         }
     }
 }
+
+/// predicted_ttft, worked example on the prior curve (engine-model.md §4, α = 3, nothing
+/// decoding, no KV report): an 8,704-token prompt whose first 8,192 tokens worker 0 holds.
+/// Worker 0 at 300 ms of booked prefill: 300 + 3 × prefill(512) = 300 + 3 × 24.39 = 373.2;
+/// idle worker 1: 3 × prefill(8,704) = 3 × (2 × 16.50 + 15.18 × 8.704 + 0.421 × (8.192² +
+/// 0.512²)) = 3 × 193.52 = 580.6 → worker 0. At 600 ms of booked prefill worker 0 costs 673.2 →
+/// worker 1.
+#[test]
+fn predicted_ttft_worked_example() {
+    let key = RouteKey::default();
+    let req = Request {
+        block_size: 16,
+        ..request_of(&key, 8_704)
+    };
+    let ov = prefix::Overlaps::from_index(
+        prefix::Source::Events,
+        prefix::Unit::Tokens,
+        &[(0, 8_192)],
+        2,
+        8_704,
+        1.0,
+    );
+    let p = TtftParams::of(&Config::default().knobs);
+    assert_eq!(p.prefill_weight, 3.0);
+    let eligible = [0, 1];
+    let pick = |wait: f64| {
+        let mut workers = vec![WorkerLoad::default(); 2];
+        workers[0].active.prefill_wait_ms = wait;
+        workers[0].active.prefill_requests = 1;
+        workers[0].in_flight = 1;
+        workers[0].requests = 1;
+        let snap = Snapshot {
+            workers: &workers,
+            eligible: &eligible,
+            seq: 0,
+            now_ms: 0,
+        };
+        let cost = |w| {
+            let (wait, own, evict, no_fit) = predicted_ttft::terms(&p, &snap, &req, &ov, w);
+            wait + p.prefill_weight * own + evict + no_fit
+        };
+        let (c0, c1) = (cost(0), cost(1));
+        let d = predicted_ttft::decide(&p, &snap, &req, &ov, &mut rand::rng());
+        (c0, c1, d.worker)
+    };
+    let (c0, c1, w) = pick(300.0);
+    assert!(
+        (c0 - 373.2).abs() < 0.1 && (c1 - 580.6).abs() < 0.1,
+        "{c0} {c1}"
+    );
+    assert_eq!(w, 0);
+    let (c0, _, w) = pick(600.0);
+    assert!((c0 - 673.2).abs() < 0.1, "{c0}");
+    assert_eq!(w, 1);
+}
