@@ -442,8 +442,9 @@ fn route(
         seq,
         now_ms: now_ms as u64,
     };
-    let d = router.decide(&snap, key, rng);
-    let booking = router.booking(&snap, key, &d);
+    let req = router.request(key);
+    let d = router.decide_request(&snap, &req, rng);
+    let booking = router.booking_request(&snap, &req, &d);
     router.record(key, &d, now_ms as u64);
     (d, booking)
 }

@@ -126,8 +126,7 @@ impl Worker {
     /// base, the one its snapshots use): [`crate::load::active`]'s step 1. The guard ends the
     /// booking when it drops.
     pub fn acquire_booked(self: &Arc<Self>, booking: Booking, now_ms: f64) -> LoadGuard {
-        let u = crate::load::active::decode_load(self.in_flight(), &self.active.view(now_ms));
-        let id = self.active.book(booking, now_ms, u);
+        let id = self.active.book(booking, now_ms, self.in_flight());
         let mut g = self.acquire();
         g.booking = Some((id, now_ms, std::time::Instant::now()));
         g

@@ -400,6 +400,8 @@ async fn attempts(
     let mut rng = rand::rng();
     // The last failed attempt's error: the answer when no eligible worker is left to try.
     let mut last: Option<ProxyError> = None;
+    // The request's routing facts (block keys, lengths), once for every attempt.
+    let facts = shared.router.request(key);
     loop {
         let now = shared.now_ms();
         let view = shared.workers.snapshot(&key.model, tried, now);
@@ -412,7 +414,7 @@ async fn attempts(
             seq,
             now_ms: now,
         };
-        let decision = shared.router.decide(&snap, key, &mut rng);
+        let decision = shared.router.decide_request(&snap, &facts, &mut rng);
         shared
             .metrics
             .on_decision(shared.policy_name, decision.reason.as_str());
@@ -432,7 +434,8 @@ async fn attempts(
         let others = view.eligible.iter().any(|&w| w != worker.id);
         // Counted before the request leaves (B1); released exactly once when the guard
         // drops: at the end of the relay, on a failed attempt, or when the client leaves.
-        let guard = worker.acquire_booked(shared.router.booking(&snap, key, &decision), now as f64);
+        let booking = shared.router.booking_request(&snap, &facts, &decision);
+        let guard = worker.acquire_booked(booking, now as f64);
         rec.upstream_sent.get_or_insert_with(Instant::now);
         rec.worker = Some(worker.id);
         // With client keys configured, the client's key is kvroute's: it never goes upstream.

@@ -65,10 +65,14 @@ pub const DECODE_LOAD_UNREPORTED: f64 = 0.25;
 /// `in_flight` requests is past its first token; else its engine's reported KV usage, or
 /// [`DECODE_LOAD_UNREPORTED`] without one.
 pub fn decode_load(in_flight: usize, v: &ActiveView) -> f64 {
-    if in_flight <= v.prefill_requests && v.engine.is_none_or(|e| e.running == 0) {
+    decode_load_of(in_flight, v.prefill_requests, v.engine)
+}
+
+fn decode_load_of(in_flight: usize, prefill_requests: usize, engine: Option<EngineReport>) -> f64 {
+    if in_flight <= prefill_requests && engine.is_none_or(|e| e.running == 0) {
         return 0.0;
     }
-    v.engine
+    engine
         .and_then(|e| e.kv_usage)
         .unwrap_or(DECODE_LOAD_UNREPORTED)
 }
@@ -178,11 +182,13 @@ impl ActiveLoad {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Books a request dispatched at `now_ms` (step 1 of the module doc); `decode_load`: the
-    /// worker's [`decode_load`] then. Returns the booking's id for
-    /// [`ActiveLoad::first_token`] and [`ActiveLoad::free`].
-    pub fn book(&self, b: Booking, now_ms: f64, decode_load: f64) -> u64 {
+    /// Books a request dispatched at `now_ms` (step 1 of the module doc) on a worker with
+    /// `in_flight` requests before it (its [`decode_load`] is taken then, under the same
+    /// lock). Returns the booking's id for [`ActiveLoad::first_token`] and
+    /// [`ActiveLoad::free`].
+    pub fn book(&self, b: Booking, now_ms: f64, in_flight: usize) -> u64 {
         let mut a = self.lock();
+        let decode_load = decode_load_of(in_flight, a.prefill_requests, a.engine);
         let id = a.next_id;
         a.next_id += 1;
         let queued = a.engine.is_some_and(|e| e.waiting > 0);
@@ -361,8 +367,8 @@ mod tests {
     #[test]
     fn a_shared_prefix_counts_once_and_the_clock_reanchors() {
         let a = ActiveLoad::default();
-        let r1 = a.book(booking(48, 0, 100.0, &[1, 2, 3]), 1_000.0, 0.0);
-        let r2 = a.book(booking(48, 32, 40.0, &[1, 2, 4]), 1_010.0, 0.0);
+        let r1 = a.book(booking(48, 0, 100.0, &[1, 2, 3]), 1_000.0, 0);
+        let r2 = a.book(booking(48, 32, 40.0, &[1, 2, 4]), 1_010.0, 0);
         let v = a.view(1_010.0);
         assert_eq!(v.decode_blocks, 4);
         assert_eq!((v.prefill_requests, v.prefill_tokens), (2, 48 + 16));
@@ -386,7 +392,7 @@ mod tests {
         assert_eq!(v.prefill_wait_ms, 0.0);
         // Overdue: booked at 2,000 for 50 ms, no first token by 2,300 → the head has waited
         // 300 ms, the estimate.
-        let r3 = a.book(booking(16, 0, 50.0, &[]), 2_000.0, 0.0);
+        let r3 = a.book(booking(16, 0, 50.0, &[]), 2_000.0, 0);
         assert!((a.view(2_020.0).prefill_wait_ms - 30.0).abs() < 1e-9);
         assert!((a.view(2_300.0).prefill_wait_ms - 300.0).abs() < 1e-9);
         a.free(r3);
@@ -400,8 +406,8 @@ mod tests {
     #[test]
     fn alone_requests_teach_the_curve() {
         let a = ActiveLoad::default();
-        let first = a.book(booking(8_192, 0, 169.0, &[]), 0.0, 0.0);
-        let second = a.book(booking(8_192, 0, 169.0, &[]), 0.0, 0.0); // behind `first`
+        let first = a.book(booking(8_192, 0, 169.0, &[]), 0.0, 0);
+        let second = a.book(booking(8_192, 0, 169.0, &[]), 0.0, 0); // behind `first`
         a.first_token(first, 85.0);
         a.first_token(second, 170.0);
         a.free(second);
@@ -423,7 +429,7 @@ mod tests {
             for (op, pick, key) in ops {
                 t += 1.0;
                 match op {
-                    0 => ids.push(a.book(booking(64, key * 8, 10.0, &[key, key + 1]), t, 0.0)),
+                    0 => ids.push(a.book(booking(64, key * 8, 10.0, &[key, key + 1]), t, 0)),
                     1 if !ids.is_empty() => a.first_token(ids[pick % ids.len()], t),
                     _ if !ids.is_empty() => { a.free(ids.swap_remove(pick % ids.len())); }
                     _ => {}

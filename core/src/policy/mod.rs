@@ -557,7 +557,23 @@ impl Router {
     /// # Panics
     /// When `snap.eligible` is empty or names an id `>= snap.workers.len()`.
     pub fn decide(&self, snap: &Snapshot<'_>, key: &RouteKey, rng: &mut impl Rng) -> Decision {
+        self.decide_request(snap, &self.request(key), rng)
+    }
+
+    /// [`Router::decide`] on facts already made by [`Router::request`]: a caller that decides
+    /// again (a retry) and books makes them once per request, so a prompt's block keys are
+    /// hashed once, not per attempt and per booking.
+    ///
+    /// # Panics
+    /// As [`Router::decide`].
+    pub fn decide_request(
+        &self,
+        snap: &Snapshot<'_>,
+        req: &Request<'_>,
+        rng: &mut impl Rng,
+    ) -> Decision {
         assert!(!snap.eligible.is_empty(), "decide needs an eligible worker");
+        let key = req.key;
         let p = &self.params;
         match self.kind {
             PolicyKind::RoundRobin => round_robin::decide(snap),
@@ -565,45 +581,38 @@ impl Router {
             PolicyKind::LeastRequest => least_request::decide(snap, rng),
             PolicyKind::PowerOfTwo => power_of_two::decide(snap, rng),
             PolicyKind::LeastLoad => least_load::decide(snap, rng),
-            PolicyKind::PrefixHash => {
-                let req = self.request(key);
-                prefix_hash::decide(
-                    &self.ring(snap),
-                    snap,
-                    &req,
-                    p.hash_tokens,
-                    p.hash_load_factor,
-                    rng,
-                )
-            }
+            PolicyKind::PrefixHash => prefix_hash::decide(
+                &self.ring(snap),
+                snap,
+                req,
+                p.hash_tokens,
+                p.hash_load_factor,
+                rng,
+            ),
             PolicyKind::ConsistentHash => {
                 consistent_hash::decide(&self.ring(snap), snap, key, p.hash_load_factor, rng)
             }
             PolicyKind::CacheAware | PolicyKind::SmgCacheAware => {
-                let req = self.request(key);
                 if req.ids.is_none() && req.chars == 0 {
                     return Decision {
                         worker: snap.least_wait(rng),
                         reason: Reason::CacheMiss,
                     };
                 }
-                let ov = self.overlaps(snap, &req);
-                cache_aware::decide(&p.cache_aware, snap, &req, &ov, rng)
+                let ov = self.overlaps(snap, req);
+                cache_aware::decide(&p.cache_aware, snap, req, &ov, rng)
             }
             PolicyKind::KvAware | PolicyKind::DynamoKv => {
-                let req = self.request(key);
-                let ov = self.overlaps(snap, &req);
-                kv_aware::decide(&p.kv, snap, &req, &ov, rng)
+                let ov = self.overlaps(snap, req);
+                kv_aware::decide(&p.kv, snap, req, &ov, rng)
             }
             PolicyKind::PureAffinity => {
-                let req = self.request(key);
-                let ov = self.overlaps(snap, &req);
+                let ov = self.overlaps(snap, req);
                 pure_affinity::decide(snap, &ov, rng)
             }
             PolicyKind::PredictedTtft => {
-                let req = self.request(key);
-                let ov = self.overlaps(snap, &req);
-                predicted_ttft::decide(&p.ttft, snap, &req, &ov, rng)
+                let ov = self.overlaps(snap, req);
+                predicted_ttft::decide(&p.ttft, snap, req, &ov, rng)
             }
         }
     }
@@ -613,7 +622,17 @@ impl Router {
     /// predicted, the predicted prefill time from the worker's learned curve, and the
     /// prompt's blocks (keyed when it has token ids). Reads only.
     pub fn booking(&self, snap: &Snapshot<'_>, key: &RouteKey, decision: &Decision) -> Booking {
-        let req = self.request(key);
+        self.booking_request(snap, &self.request(key), decision)
+    }
+
+    /// [`Router::booking`] on facts already made by [`Router::request`] (see
+    /// [`Router::decide_request`]).
+    pub fn booking_request(
+        &self,
+        snap: &Snapshot<'_>,
+        req: &Request<'_>,
+        decision: &Decision,
+    ) -> Booking {
         let cached = decision
             .reason
             .predicted_cached_tokens(req.prompt_tokens)
@@ -628,7 +647,7 @@ impl Router {
             } else {
                 0
             },
-            block_keys: req.block_keys,
+            block_keys: req.block_keys.clone(),
         };
         if let Some(w) = snap.workers.get(decision.worker) {
             let a = &w.active;
