@@ -6,12 +6,14 @@
 //! - [`replay`]: an open-loop replay client measuring TTFT, TPOT, e2e and cache hit rate.
 //! - [`sim`]: a discrete-event simulator: the router's policy and simulated engines on a
 //!   virtual clock, deterministic in its seed.
-//! - [`index_bench`], [`tokenize_bench`]: the short benchmark runs behind `kvroute bench`.
+//! - [`index_bench`], [`tokenize_bench`], [`decision_bench`]: the short benchmark runs behind
+//!   `kvroute bench`.
 
 /// The error of the test bed's entry points (benchmarks, `engine::server::serve`): any error,
 /// with its message; the `kvroute` binary reports it as is.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+pub mod decision_bench;
 pub mod engine;
 pub(crate) mod fasthash;
 pub mod index_bench;

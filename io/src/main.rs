@@ -68,6 +68,8 @@ enum BenchWhat {
     Index,
     /// Full vs incremental tokenization (issue 4).
     Tokenize,
+    /// One whole token-mode routing decision, stage by stage (issue 15).
+    Decision,
 }
 
 /// Flags of `kvroute serve`. Each overrides the same key of `--config`; unset flags keep the
@@ -704,6 +706,9 @@ fn main() -> anyhow::Result<()> {
                 }
                 BenchWhat::Tokenize => {
                     kvroute_bench::tokenize_bench::run().map_err(|e| anyhow::anyhow!(e))?
+                }
+                BenchWhat::Decision => {
+                    kvroute_bench::decision_bench::run().map_err(|e| anyhow::anyhow!(e))?
                 }
             };
             println!("{}", serde_json::to_string_pretty(&report)?);

@@ -1,0 +1,229 @@
+//! `kvroute bench decision`: the cost of one whole token-mode routing decision on one core,
+//! the way `kvroute serve` makes it for a chat request (io's exchange, without the sockets):
+//!
+//! ```text
+//! body parse (route_key) → chat template render + incremental tokenize (ShardTokenizers::attach)
+//!   → block keys and lengths (Router::request) → fleet snapshot (Workers::snapshot)
+//!   → policy (Router::decide_request) → booking + load guard (Worker::acquire_booked)
+//!   → record in the indexes (Router::record)
+//! ```
+//!
+//! For each chat size `S` of [`SIZES`] tokens and each policy of [`policies`],
+//! [`CONVERSATIONS`] conversations of [`TURNS`] turns run in order, turn by turn, as a chat
+//! client sends them: turn 1 is a shared system message (800 characters, as
+//! `perf/compare.sh` sends) and a user message of `S` tokens (a document, vocabulary words:
+//! one token each); every later turn adds the assistant's reply ([`REPLY_TOKENS`]) and a
+//! short user question ([`QUESTION_TOKENS`]). So turn 1 is a cold chat of ~`S` tokens and
+//! turn 10 a chat of ~`S + 9 × 48` tokens whose new text is ~48 tokens. Each decision is
+//! timed stage by stage (`Instant`, ~25 ns per read) into hdrhistograms; the report gives
+//! p50 / p99 / max of the whole decision at turn 1 and turn 10, the p50 of each stage at
+//! turn 10, and `late_over_early`: turn 10's p50 over the last half of the conversations
+//! against the first half (the router's state grows in between: ≈ 1 when the per-request
+//! cost does not grow with it). [`WORKERS`] workers, every one idle and eligible; load guards
+//! are released right after each decision, as a served request's would be.
+
+use hdrhistogram::Histogram;
+use kvroute_core::config::{Config, PolicyKind, defaults};
+use kvroute_core::policy::{Router, Snapshot};
+use kvroute_core::route_key::{Endpoint, route_key};
+use kvroute_core::tokens::Tokenizers;
+use kvroute_core::workers::Workers;
+use kvroute_tokenize::Tokenizer;
+use kvroute_tokenize::incremental::DEFAULT_CACHE_TOKENS;
+use serde_json::{Value, json};
+use std::time::Instant;
+
+use crate::BoxError;
+use crate::trace::synth::WordIds;
+
+/// Chat sizes at turn [`TURNS`], tokens (issue 15: 1k, 8k and 32k-token chats).
+pub const SIZES: [usize; 3] = [1024, 8192, 32768];
+/// Turns per conversation; the last is the measured "turn 10".
+pub const TURNS: usize = 10;
+/// Conversations per (policy, size): 200 turn-10 samples, a p99 of two.
+pub const CONVERSATIONS: usize = 200;
+/// Workers behind the router.
+pub const WORKERS: usize = 8;
+/// Tokens of each assistant reply between user turns.
+pub const REPLY_TOKENS: usize = 32;
+/// Tokens of each user question after turn 1.
+pub const QUESTION_TOKENS: usize = 16;
+/// The system message every chat starts with, 800 characters (perf/compare/chat.lua's).
+fn system_prompt() -> String {
+    "You are a careful assistant for a fleet operator. "
+        .repeat(16)
+        .chars()
+        .take(800)
+        .collect()
+}
+
+/// The policies measured: the default ([`defaults::POLICY`]) and SMG's `cache_aware`.
+pub fn policies() -> [PolicyKind; 2] {
+    [defaults::POLICY, PolicyKind::CacheAware]
+}
+
+/// The stages of one decision, in order (report keys).
+const STAGES: [&str; 6] = ["parse", "tokenize", "facts", "snapshot", "decide", "record"];
+
+/// The body of turn `turn` (1-based) of conversation `conv` in a chat of `size` tokens.
+fn chat_body(words: &WordIds, system: &str, conv: u64, turn: usize, size: usize) -> Vec<u8> {
+    let id = conv * 100;
+    let mut messages = vec![
+        json!({"role": "system", "content": system}),
+        json!({"role": "user", "content": words.block_text(1, id, size)}),
+    ];
+    for k in 1..turn as u64 {
+        let reply = words.block_text(2, id + k, REPLY_TOKENS);
+        messages.push(json!({"role": "assistant", "content": reply}));
+        let question = words.block_text(3, id + k, QUESTION_TOKENS);
+        messages.push(json!({"role": "user", "content": question}));
+    }
+    serde_json::to_vec(&json!({"model": "m", "max_tokens": 16, "messages": messages}))
+        .expect("a JSON value serializes")
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
+}
+
+fn ns_since(t: &mut Instant) -> u64 {
+    let now = Instant::now();
+    let ns = now.duration_since(*t).as_nanos() as u64;
+    *t = now;
+    ns.max(1)
+}
+
+/// One (policy, size) run: the JSON object of the report.
+fn run_one(
+    tok: &Tokenizer,
+    words: &WordIds,
+    policy: PolicyKind,
+    size: usize,
+) -> Result<Value, BoxError> {
+    let cfg = Config {
+        policy,
+        ..Config::default()
+    };
+    let router = Router::new(&cfg);
+    let specs: Vec<String> = (0..WORKERS)
+        .map(|i| format!("http://127.0.0.1:{}", 19101 + i))
+        .collect();
+    let workers = Workers::new(&specs)?;
+    let mut tokenizers =
+        Tokenizers::new(Some(tok.clone()), Vec::new(), DEFAULT_CACHE_TOKENS).for_shard();
+    let system = system_prompt();
+    let (mut turn1, mut turn10) = (histogram(), histogram());
+    let (mut early, mut late) = (histogram(), histogram());
+    let mut stages: Vec<Histogram<u64>> = STAGES.iter().map(|_| histogram()).collect();
+    let mut rng = rand::rng();
+    let mut seq = 0u64;
+    let mut prompt_tokens = 0usize;
+    let mut reused_tokens = 0usize;
+    for conv in 0..CONVERSATIONS as u64 {
+        for turn in 1..=TURNS {
+            let body = chat_body(words, &system, conv, turn, size);
+            let now = seq; // virtual ms: one request per ms
+            let start = Instant::now();
+            let mut t = start;
+            let mut key = route_key(Endpoint::ChatCompletions, &body)?;
+            let parse = ns_since(&mut t);
+            let attached = tokenizers.attach(Endpoint::ChatCompletions, &body, None, &mut key);
+            if let Some(e) = attached.prompt_error {
+                return Err(format!("the chat template failed: {e}").into());
+            }
+            let tokenize = ns_since(&mut t);
+            let facts = router.request(&key);
+            let facts_ns = ns_since(&mut t);
+            let view = workers.snapshot(&key.model, &[], now);
+            let snapshot = ns_since(&mut t);
+            let snap = Snapshot {
+                workers: &view.workers,
+                eligible: &view.eligible,
+                seq,
+                now_ms: now,
+            };
+            let decision = router.decide_request(&snap, &facts, &mut rng);
+            let booking = router.booking_request(&snap, &facts, &decision);
+            let worker = view
+                .worker(decision.worker)
+                .cloned()
+                .ok_or("no such worker")?;
+            let guard = worker.acquire_booked(booking, now as f64);
+            let decide = ns_since(&mut t);
+            router.record(&key, &decision, now);
+            let record = ns_since(&mut t);
+            let whole = start.elapsed().as_nanos() as u64;
+            guard.first_token(now as f64);
+            drop(guard);
+            seq += 1;
+            if turn == 1 {
+                turn1.record(whole)?;
+            }
+            if turn == TURNS {
+                prompt_tokens += key.input_ids.as_ref().map_or(0, |v| v.len());
+                reused_tokens += attached.reused_tokens;
+                turn10.record(whole)?;
+                let half = if (conv as usize) < CONVERSATIONS / 2 {
+                    &mut early
+                } else {
+                    &mut late
+                };
+                half.record(whole)?;
+                for (h, ns) in stages
+                    .iter_mut()
+                    .zip([parse, tokenize, facts_ns, snapshot, decide, record])
+                {
+                    h.record(ns)?;
+                }
+            }
+        }
+    }
+    let q = |h: &Histogram<u64>| json!({"p50_ns": h.value_at_quantile(0.5), "p99_ns": h.value_at_quantile(0.99), "max_ns": h.max()});
+    let stage_p50: serde_json::Map<String, Value> = STAGES
+        .iter()
+        .zip(&stages)
+        .map(|(s, h)| (format!("{s}_p50_ns"), json!(h.value_at_quantile(0.5))))
+        .collect();
+    Ok(json!({
+        "policy": policy.as_str(),
+        "chat_tokens": size,
+        "turn10_prompt_tokens_mean": prompt_tokens / CONVERSATIONS,
+        "turn10_reused_share": reused_tokens as f64 / prompt_tokens.max(1) as f64,
+        "turn1": q(&turn1),
+        "turn10": q(&turn10),
+        "turn10_stages": stage_p50,
+        "late_over_early": late.value_at_quantile(0.5) as f64 / early.value_at_quantile(0.5).max(1) as f64,
+    }))
+}
+
+/// Runs every (policy, size) pair and returns the report; prints one line per pair to stderr
+/// as it goes.
+///
+/// # Errors
+/// The embedded tokenizer fails to load, a body does not parse, or the chat template fails.
+pub fn run() -> Result<Value, BoxError> {
+    let tok = Tokenizer::qwen3()?;
+    let words = WordIds::from_tokenizer(&tok)?;
+    let mut runs = Vec::new();
+    for policy in policies() {
+        for size in SIZES {
+            let r = run_one(&tok, &words, policy, size)?;
+            eprintln!(
+                "decision {:>15} {:>6} tokens: turn 1 p50 {:>8} ns, turn 10 p50 {:>8} ns p99 {:>8} ns, late/early {:.2}",
+                policy.as_str(),
+                size,
+                r["turn1"]["p50_ns"],
+                r["turn10"]["p50_ns"],
+                r["turn10"]["p99_ns"],
+                r["late_over_early"].as_f64().unwrap_or(f64::NAN),
+            );
+            runs.push(r);
+        }
+    }
+    Ok(json!({
+        "workers": WORKERS,
+        "conversations": CONVERSATIONS,
+        "turns": TURNS,
+        "runs": runs,
+    }))
+}
