@@ -6,6 +6,7 @@
 //! - [`replay`]: an open-loop replay client measuring TTFT, TPOT, e2e and cache hit rate.
 //! - [`sim`]: a discrete-event simulator: the router's policy and simulated engines on a
 //!   virtual clock, deterministic in its seed.
+//! - [`plot`]: the simulator's figures (TTFT CDF, load over time, hit rate), PNG and SVG.
 //! - [`index_bench`], [`tokenize_bench`], [`decision_bench`]: the short benchmark runs behind
 //!   `kvroute bench`.
 
@@ -17,6 +18,7 @@ pub mod decision_bench;
 pub mod engine;
 pub(crate) mod fasthash;
 pub mod index_bench;
+pub mod plot;
 pub mod replay;
 pub mod sim;
 pub mod tokenize_bench;

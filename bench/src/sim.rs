@@ -792,22 +792,16 @@ pub fn simulate(
         keep_samples: true,
         ..ReplayConfig::default()
     };
-    let worker_of = |s: &RequestSample| {
-        s.worker
-            .as_deref()
-            .and_then(|w| w.strip_prefix("sim-"))
-            .and_then(|w| w.parse::<usize>().ok())
-    };
     let mut per_engine = vec![0u64; cfg.engines];
     for s in &samples {
-        if let Some(w) = worker_of(s) {
+        if let Some(w) = engine_of(s) {
             per_engine[w] += 1;
         }
     }
     report.load_cv = coefficient_of_variation(&per_engine);
     report.sticky = sticky_share(routed_order.iter().filter_map(|&i| {
         let s = &samples[i];
-        let w = worker_of(s)?;
+        let w = engine_of(s)?;
         s.error
             .is_none()
             .then(|| (trace.meta[i].namespace, records[i].hash_ids.as_slice(), w))
@@ -833,6 +827,15 @@ pub fn simulate(
         })
         .collect();
     Ok(report)
+}
+
+/// The engine a simulated request went to, from its worker name `sim-<id>`; `None` for a
+/// request never routed.
+pub(crate) fn engine_of(s: &RequestSample) -> Option<usize> {
+    s.worker
+        .as_deref()
+        .and_then(|w| w.strip_prefix("sim-"))
+        .and_then(|w| w.parse::<usize>().ok())
 }
 
 /// The event index against each engine's cached blocks.

@@ -2,11 +2,12 @@
 //! ([`kvroute_bench::sim`]): the same policies and engines on a virtual clock, over the
 //! built-in workload, a Mooncake trace (open loop) or WEKA conversations (closed loop), with
 //! no run-to-run noise; repeatable over seeds (`--runs`) and over a grid of router knobs
-//! (`--sweep`).
+//! (`--sweep`); `--plot DIR` draws each run's figures.
 
 use crate::fleet::{self, FleetArgs};
 use anyhow::Context;
 use kvroute_bench::engine;
+use kvroute_bench::plot;
 use kvroute_bench::sim::{self, Run, SimReport};
 use kvroute_bench::trace::{self, PromptBuilder, Trace, WordIds};
 use kvroute_bench::workload::{self, WorkloadParams};
@@ -67,6 +68,12 @@ pub struct SimulateArgs {
     /// lowest TTFT p99 among settings within one point of the best hit rate.
     #[arg(long, value_name = "KNOB=V1,V2")]
     pub sweep: Vec<String>,
+    /// Write figures of each run into this directory (created if missing), PNG and SVG:
+    /// `ttft_cdf` (TTFT CDF per policy), `load_<policy>` (requests in flight per engine over
+    /// virtual time), `hit_rate` (hit rate per policy against the infinite-cache bound);
+    /// with `--runs` > 1 each name ends in `_seed<S>`.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
     /// Write `{"runs":[{"seed","policies":[{policy, requests, errors, hit_rate,
     /// bound_hit_rate, prefill_tokens, ttft_ms, tpot_ms, e2e_ms, max_over_mean_load,
     /// load_cv, sticky_share, wall_s, setting}]}]}` to this file.
@@ -305,6 +312,21 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
                 println!("{line}");
             }
         }
+        if let Some(dir) = &args.plot {
+            let suffix = if args.runs > 1 {
+                format!("_seed{seed}")
+            } else {
+                String::new()
+            };
+            let t0 = Instant::now();
+            let files = plot_rows(dir, &suffix, &rows, bound, fleet.engines)?;
+            eprintln!(
+                "plots: {} files in {} ({:.1} s)",
+                files.len(),
+                dir.display(),
+                t0.elapsed().as_secs_f64()
+            );
+        }
         out_runs.push(json!({
             "seed": seed,
             "policies": rows.iter().map(|r| row_json(r, bound)).collect::<Vec<_>>(),
@@ -330,6 +352,40 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
+}
+
+/// Writes the `--plot` figures of one run's rows into `dir` ([`kvroute_bench::plot`]), each
+/// row labelled by its policy and, with `--sweep`, its setting; returns the files written.
+///
+/// # Errors
+/// `dir` cannot be created or a file written (the message names the path), or no font.
+pub fn plot_rows(
+    dir: &std::path::Path,
+    suffix: &str,
+    rows: &[Row],
+    bound: f64,
+    engines: usize,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let labels: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            if r.setting.is_empty() {
+                r.policy.clone()
+            } else {
+                format!("{} {}", r.policy, setting_label(&r.setting))
+            }
+        })
+        .collect();
+    let runs: Vec<plot::PolicyRun> = rows
+        .iter()
+        .zip(&labels)
+        .map(|(r, name)| plot::PolicyRun {
+            name,
+            report: &r.report,
+        })
+        .collect();
+    plot::write_all(dir, suffix, &runs, bound, engines)
+        .with_context(|| format!("--plot {}", dir.display()))
 }
 
 /// The `--out` entry of one row: exactly the documented fields (hit rates as fractions 0–1,
@@ -684,6 +740,32 @@ mod tests {
             "{}",
             best[0]
         );
+    }
+
+    /// `--plot` into a path under a file: the error names the flag and the directory.
+    #[test]
+    fn plot_into_an_unwritable_path_names_it() {
+        let file = std::env::temp_dir().join(format!("kvroute-sim-plot-{}", std::process::id()));
+        std::fs::write(&file, b"x").unwrap();
+        let dir = file.join("plots");
+        let rows = [Row {
+            policy: "round_robin".into(),
+            setting: Vec::new(),
+            report: report(0.5, 10.0),
+            wall_s: 0.0,
+        }];
+        let e = plot_rows(&dir, "", &rows, 0.6, 2).unwrap_err();
+        let msg = format!("{e:#}");
+        std::fs::remove_file(&file).unwrap();
+        assert!(
+            msg.starts_with(&format!(
+                "--plot {}: creating plot directory {}",
+                dir.display(),
+                dir.display()
+            )),
+            "{msg}"
+        );
+        assert!(msg.ends_with("Not a directory (os error 20)"), "{msg}");
     }
 
     /// The `--out` entry has exactly the documented keys.
