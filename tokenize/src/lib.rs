@@ -10,6 +10,8 @@
 //!   part not seen before (an LRU of prefix ids per model, shared by the shards, cut at
 //!   template special tokens and, for recognised byte-level BPE pipelines, at provably safe
 //!   points inside plain text).
+//! - [`fast`]: the HF pipeline's ids for ASCII text without its per-token overhead, for
+//!   recognised byte-level BPE pipelines (Qwen, Llama 3), used by [`Tokenizer::encode`].
 //! - [`blocks`]: cache-partition namespaces and media keys (the chained xxh3 block keys
 //!   themselves have one implementation, `kvroute_index::keys`).
 //!
@@ -21,6 +23,7 @@
 pub mod blocks;
 pub mod chat;
 pub mod error;
+pub mod fast;
 pub mod incremental;
 pub mod tokenizer;
 

@@ -1,5 +1,6 @@
 //! [`Tokenizer`]: a HF `tokenizers` instance plus its chat template.
 
+use crate::fast::{Digits, FastEncoder};
 use crate::{ChatTemplate, TokenizeError};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,8 @@ pub struct Tokenizer {
     chat: Option<ChatTemplate>,
     cuts: Arc<CutTokens>,
     text_cuts: Arc<TextCutRule>,
+    /// The fast path of `encode` for recognised pipelines (`crate::fast`), `None` else.
+    fast: Option<Arc<FastEncoder>>,
 }
 
 /// Split regexes (HF `Split` pre-tokenizer, `behavior: Isolated`, `invert: false`) for which
@@ -58,6 +61,19 @@ impl TextCutRule {
     /// Post-processors are not checked: with `add_special_tokens=false` none of HF's adds ids.
     fn classify(inner: &tokenizers::Tokenizer) -> Self {
         Self(Self::check(inner))
+    }
+
+    /// For a recognised pipeline whose pre-tokenizer is a `Split` on one of
+    /// [`TEXT_CUT_SPLIT_REGEXES`], how that regex splits digits; `None` otherwise (the GPT-2
+    /// `ByteLevel` regex has no fast path).
+    fn digits(&self, inner: &tokenizers::Tokenizer) -> Option<Digits> {
+        self.0.as_ref().ok()?;
+        let pre = serde_json::to_value(inner.get_pre_tokenizer()?).ok()?;
+        let pattern = pre["pretokenizers"][0]["pattern"]["Regex"].as_str()?;
+        match TEXT_CUT_SPLIT_REGEXES.iter().position(|r| *r == pattern)? {
+            0 => Some(Digits::One),
+            _ => Some(Digits::UpToThree),
+        }
     }
 
     fn check(inner: &tokenizers::Tokenizer) -> Result<(), String> {
@@ -288,11 +304,16 @@ impl Tokenizer {
         });
         let cuts = CutTokens::new(&inner, template_src.as_deref());
         let text_cuts = TextCutRule::classify(&inner);
+        let fast = text_cuts
+            .digits(&inner)
+            .and_then(|d| FastEncoder::new(&inner, d))
+            .map(Arc::new);
         Ok(Self {
             inner: Arc::new(inner),
             chat,
             cuts: Arc::new(cuts),
             text_cuts: Arc::new(text_cuts),
+            fast,
         })
     }
 
@@ -305,7 +326,18 @@ impl Tokenizer {
             chat: self.chat.clone(),
             cuts: self.cuts.clone(),
             text_cuts: self.text_cuts.clone(),
+            fast: self.fast.clone(),
         }
+    }
+
+    /// True when `encode` takes the fast path ([`crate::fast`]) for ASCII text.
+    pub fn has_fast_path(&self) -> bool {
+        self.fast.is_some()
+    }
+
+    /// The HF tokenizer itself.
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner
     }
 
     /// Byte offsets in `text` (ascending, each in `1..text.len()`) where the prompt may be cut
@@ -475,6 +507,11 @@ impl Tokenizer {
     /// # Errors
     /// [`TokenizeError::Encode`] when the HF pipeline fails.
     pub fn try_encode(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        if let Some(fast) = &self.fast {
+            return fast
+                .encode(&self.inner, text)
+                .map_err(TokenizeError::Encode);
+        }
         self.inner
             .encode_fast(text, false)
             .map(|e| e.get_ids().to_vec())
@@ -545,6 +582,10 @@ impl Tokenizer {
         let mut inner = (*self.inner).clone();
         edit(&mut inner);
         let mut text_cuts = TextCutRule::classify(&inner);
+        let fast = text_cuts
+            .digits(&inner)
+            .and_then(|d| FastEncoder::new(&inner, d))
+            .map(Arc::new);
         if force_text_cuts {
             text_cuts = TextCutRule(Ok(()));
         }
@@ -553,6 +594,7 @@ impl Tokenizer {
             chat: self.chat.clone(),
             cuts: self.cuts.clone(),
             text_cuts: Arc::new(text_cuts),
+            fast,
         }
     }
 }
