@@ -12,6 +12,7 @@
 /// with its message; the `kvroute` binary reports it as is.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+pub(crate) mod client;
 pub mod engine;
 pub(crate) mod fasthash;
 pub mod index_bench;
