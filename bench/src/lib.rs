@@ -4,6 +4,8 @@
 //! - [`trace`]: Mooncake-format traces and the id → token/text recipe of `traces.md` §3.
 //! - [`workload`]: the built-in demo workload (multi-turn conversations sharing system prompts).
 //! - [`replay`]: an open-loop replay client measuring TTFT, TPOT, e2e and cache hit rate.
+//! - [`load`]: a fixed-rate load generator (wrk2's model: latency from the scheduled send
+//!   time, hdrhistogram percentiles) over HTTP/1.1 keep-alive connections.
 //! - [`sim`]: a discrete-event simulator: the router's policy and simulated engines on a
 //!   virtual clock, deterministic in its seed.
 //! - [`index_bench`], [`tokenize_bench`]: the short benchmark runs behind `kvroute bench`.
@@ -16,6 +18,7 @@ pub(crate) mod client;
 pub mod engine;
 pub(crate) mod fasthash;
 pub mod index_bench;
+pub mod load;
 pub mod replay;
 pub mod sim;
 pub mod tokenize_bench;
