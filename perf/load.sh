@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fixed-rate latency run against the gateway on loopback, with simulated engines behind it.
-# wrk2 is not packaged; `oha -q RATE` is the nearest fixed-rate (open-loop) tool, so use it
-# (cargo install oha); falls back to wrk (closed loop, apt install wrk).
+# The load is `kvroute load` (wrk2's model: requests at a constant rate, latency counted from
+# each request's scheduled time, so a stall cannot hide; `kvroute load --help`). Another
+# target: `kvroute load --url http://HOST:PORT[/PATH] --rate R --duration S [--stream]
+# [--prompt-tokens N --system-chars C] [--out FILE]`.
 # Usage: perf/load.sh [rate req/s, default 2000] [seconds, default 20] [engines, default 2]
 # Engines run with --speedup-ratio 0 (no modelled delay) so the numbers are the router's.
 set -euo pipefail
@@ -16,21 +18,16 @@ for i in $(seq 1 "$engines"); do
   $bin engine --listen 127.0.0.1:$port --speedup-ratio 0 >/dev/null 2>&1 & pids+=($!)
   workers+=(--worker http://127.0.0.1:$port)
 done
+# The router probes each worker once at start-up; one not up yet joins only after two passed
+# health checks (20 s), so wait for the engines first (at most 10 s each).
+for i in $(seq 1 "$engines"); do
+  for _ in $(seq 1 100); do
+    curl -sf http://127.0.0.1:$((18100 + i))/health >/dev/null && break; sleep 0.1
+  done
+done
 $bin serve --listen 127.0.0.1:18000 "${workers[@]}" >/dev/null 2>&1 & pids+=($!)
-sleep 2
-body='{"model":"m","prompt":"The quick brown fox jumps over the lazy dog","max_tokens":1}'
-if command -v oha >/dev/null; then
-  oha -q "$rate" -z "${secs}s" -m POST -H 'content-type: application/json' -d "$body" \
-    --no-tui http://127.0.0.1:18000/v1/completions
-else
-  printf 'wrk.method = "POST"\nwrk.body = [[%s]]\nwrk.headers["content-type"] = "application/json"\n' "$body" > /tmp/kvroute-wrk.lua
-  wrk -t2 -c64 -d"${secs}s" --latency -s /tmp/kvroute-wrk.lua http://127.0.0.1:18000/v1/completions
-fi
+for _ in $(seq 1 100); do curl -sf http://127.0.0.1:18000/health >/dev/null && break; sleep 0.1; done
+$bin load --url http://127.0.0.1:18000 --rate "$rate" --duration "$secs" --stream
 echo "--- baseline: the same load straight at engine 1 (no gateway)"
-if command -v oha >/dev/null; then
-  oha -q "$rate" -z "${secs}s" -m POST -H 'content-type: application/json' -d "$body" \
-    --no-tui http://127.0.0.1:18101/v1/completions
-else
-  wrk -t2 -c64 -d"${secs}s" --latency -s /tmp/kvroute-wrk.lua http://127.0.0.1:18101/v1/completions
-fi
+$bin load --url http://127.0.0.1:18101 --rate "$rate" --duration "$secs" --stream
 curl -s http://127.0.0.1:18000/metrics | grep -E '^kvroute_(requests|decisions)_total' || true

@@ -4,6 +4,8 @@
 //! - [`trace`]: Mooncake-format traces and the id → token/text recipe of `traces.md` §3.
 //! - [`workload`]: the built-in demo workload (multi-turn conversations sharing system prompts).
 //! - [`replay`]: an open-loop replay client measuring TTFT, TPOT, e2e and cache hit rate.
+//! - [`load`]: a fixed-rate load generator (wrk2's model: latency from the scheduled send
+//!   time, hdrhistogram percentiles) over HTTP/1.1 keep-alive connections.
 //! - [`sim`]: a discrete-event simulator: the router's policy and simulated engines on a
 //!   virtual clock, deterministic in its seed.
 //! - [`plot`]: the simulator's figures (TTFT CDF, load over time, hit rate), PNG and SVG.
@@ -14,10 +16,12 @@
 /// with its message; the `kvroute` binary reports it as is.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+pub(crate) mod client;
 pub mod decision_bench;
 pub mod engine;
 pub(crate) mod fasthash;
 pub mod index_bench;
+pub mod load;
 pub mod plot;
 pub mod replay;
 pub mod sim;

@@ -14,14 +14,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use http_body_util::BodyExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::client::{CHAT_COMPLETIONS_PATH, Conn, Target};
 use crate::trace::{PromptBuilder, TraceRecord};
 
 /// Response header naming the worker a router picked. Absent (direct engine) → [`DIRECT_WORKER`].
@@ -115,6 +114,9 @@ pub struct LatencySummary {
     pub p90: f64,
     /// 99th percentile, ms.
     pub p99: f64,
+    /// 99.9th percentile, ms (absent from reports written before it existed: 0).
+    #[serde(default)]
+    pub p999: f64,
     /// Mean, ms.
     pub mean: f64,
     /// Maximum, ms.
@@ -122,7 +124,8 @@ pub struct LatencySummary {
 }
 
 impl LatencySummary {
-    fn from_hist(h: &Histogram<u64>) -> Self {
+    /// The summary of a histogram of µs values (as [`new_hist`] makes).
+    pub(crate) fn from_hist(h: &Histogram<u64>) -> Self {
         if h.is_empty() {
             return Self::default();
         }
@@ -132,6 +135,7 @@ impl LatencySummary {
             p50: ms(h.value_at_quantile(0.50)),
             p90: ms(h.value_at_quantile(0.90)),
             p99: ms(h.value_at_quantile(0.99)),
+            p999: ms(h.value_at_quantile(0.999)),
             mean: h.mean() / 1_000.0,
             max: ms(h.max()),
         }
@@ -215,37 +219,13 @@ pub struct ReplayReport {
     pub samples: Vec<RequestSample>,
 }
 
-/// Parsed `http://host:port/prefix`.
-#[derive(Debug, Clone)]
-struct Target {
-    authority: String,
-    host: String,
-    port: u16,
-    path: String,
-}
-
-fn parse_target(url: &str) -> Result<Target, ReplayError> {
-    let bad = |reason| ReplayError::BadUrl {
-        url: url.to_string(),
-        reason,
-    };
-    let uri: http::Uri = url.parse().map_err(|_| bad("not a URI"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some(_) => return Err(bad("only http:// is supported")),
-        None => return Err(bad("missing http:// scheme")),
-    }
-    let authority = uri.authority().ok_or_else(|| bad("missing host"))?;
-    let host = authority
-        .host()
-        .trim_start_matches('[')
-        .trim_end_matches(']');
-    let prefix = uri.path().trim_end_matches('/');
-    Ok(Target {
-        authority: authority.as_str().to_string(),
-        host: host.to_string(),
-        port: authority.port_u16().unwrap_or(80),
-        path: format!("{prefix}/v1/chat/completions"),
+/// `{url's path}/v1/chat/completions` of a base URL.
+fn chat_target(url: &str) -> Result<Target, ReplayError> {
+    Target::parse(url, |prefix| format!("{prefix}{CHAT_COMPLETIONS_PATH}")).map_err(|e| {
+        ReplayError::BadUrl {
+            url: e.url,
+            reason: e.reason,
+        }
     })
 }
 
@@ -330,34 +310,17 @@ impl StreamState {
 
 /// Sends one request and reads its stream to the end; fills `sample` as far as it gets.
 async fn send_one(target: &Target, body: Bytes, start: Instant, sample: &mut RequestSample) {
-    let stream = match TcpStream::connect((target.host.as_str(), target.port)).await {
-        Ok(s) => s,
-        Err(_) => {
-            sample.error = Some("connect".into());
+    let mut conn = match Conn::open(target).await {
+        Ok(c) => c,
+        Err(e) => {
+            sample.error = Some(e.kind().into());
             return;
         }
     };
-    let _ = stream.set_nodelay(true);
-    let Ok((mut sender, conn)) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-    else {
-        sample.error = Some("transport".into());
-        return;
-    };
-    let conn_task = tokio::spawn(conn);
-    let req = hyper::Request::post(target.path.as_str())
-        .header(hyper::header::HOST, target.authority.as_str())
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .header(hyper::header::ACCEPT, "text/event-stream")
-        .body(Full::new(body));
-    let Ok(req) = req else {
-        sample.error = Some("transport".into());
-        return;
-    };
-    let resp = match sender.send_request(req).await {
+    let resp = match conn.sender.send_request(target.post_json(body, true)).await {
         Ok(r) => r,
         Err(_) => {
             sample.error = Some("transport".into());
-            conn_task.abort();
             return;
         }
     };
@@ -387,7 +350,7 @@ async fn send_one(target: &Target, body: Bytes, start: Instant, sample: &mut Req
         }
     }
     let end = Instant::now();
-    conn_task.abort();
+    drop(conn);
     sample.e2e_us = end.duration_since(start).as_micros() as u64;
     sample.ttft_us = st
         .first_content
@@ -437,7 +400,7 @@ pub async fn replay(
 ) -> Result<ReplayReport, ReplayError> {
     let targets = std::iter::once(&cfg.url)
         .chain(&cfg.replicas)
-        .map(|u| parse_target(u).map(Arc::new))
+        .map(|u| chat_target(u).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()?;
     if !(cfg.time_scale.is_finite() && cfg.time_scale > 0.0) {
         return Err(ReplayError::BadTimeScale(cfg.time_scale));
@@ -519,7 +482,9 @@ pub async fn replay(
     Ok(aggregate(&cfg, samples, duration_s))
 }
 
-fn new_hist() -> Histogram<u64> {
+/// An empty histogram of latencies in µs, 1 µs to [`MAX_RECORDED_LATENCY_US`], 3 significant
+/// digits.
+pub(crate) fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_RECORDED_LATENCY_US, 3).expect("static histogram bounds")
 }
 
@@ -715,15 +680,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_targets() {
-        let t = parse_target("http://127.0.0.1:8000").unwrap();
-        assert_eq!((t.host.as_str(), t.port), ("127.0.0.1", 8000));
-        assert_eq!(t.path, "/v1/chat/completions");
-        let t = parse_target("http://localhost/api/").unwrap();
+    fn chat_targets() {
+        let t = chat_target("http://localhost/api/").unwrap();
         assert_eq!((t.host.as_str(), t.port), ("localhost", 80));
         assert_eq!(t.path, "/api/v1/chat/completions");
-        assert!(parse_target("https://x").is_err());
-        assert!(parse_target("127.0.0.1:8000").is_err());
+        assert!(matches!(
+            chat_target("https://x"),
+            Err(ReplayError::BadUrl {
+                reason: "only http:// is supported",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The `kvroute` binary: `serve` (the gateway), `engine` (a simulated vLLM-like worker),
-//! `replay` (a Mooncake-format trace against a URL) and `demo` (all of it on loopback).
+//! `replay` (a Mooncake-format trace against a URL), `load` (fixed-rate load against a URL)
+//! and `demo` (all of it on loopback).
 
 use anyhow::Context;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -35,6 +36,10 @@ enum Command {
     #[cfg(feature = "bench")]
     /// Replay a Mooncake-format trace (or the built-in workload) against a URL.
     Replay(ReplayArgs),
+    #[cfg(feature = "bench")]
+    /// Fixed-rate load in the wrk2 sense: chat requests scheduled at a constant rate over
+    /// keep-alive connections, latency counted from each request's scheduled time.
+    Load(LoadArgs),
     #[cfg(feature = "bench")]
     /// Start 4 engines and the router on loopback, replay a workload once per policy, print
     /// a comparison table.
@@ -494,6 +499,122 @@ struct ReplayArgs {
     out: Option<PathBuf>,
 }
 
+#[cfg(feature = "bench")]
+/// Flags of `kvroute load` (defaults: the constants of `kvroute_bench::load`).
+#[derive(Args, Debug)]
+struct LoadArgs {
+    /// Target, http://HOST:PORT[/PATH]; without a path, /v1/chat/completions.
+    #[arg(long)]
+    url: Option<String>,
+    /// Requests per second, request i due i / RATE s after the start whatever the target does.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Length of the schedule, s: every request due before it (⌈RATE × DURATION⌉ requests).
+    #[arg(long, conflicts_with = "requests")]
+    duration: Option<f64>,
+    /// Schedule exactly N requests instead of a duration.
+    #[arg(long, value_name = "N")]
+    requests: Option<u64>,
+    /// HTTP/1.1 keep-alive connections, one request in flight on each.
+    #[arg(long)]
+    connections: Option<usize>,
+    /// Runtime threads of the generator.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Streaming requests (`"stream": true`); measures the first SSE `data:` line too.
+    #[arg(long)]
+    stream: bool,
+    /// User message length, words (one token each in the embedded Qwen3 tokenizer).
+    #[arg(long, value_name = "N")]
+    prompt_tokens: Option<u32>,
+    /// Shared system prompt, characters (0 = none).
+    #[arg(long)]
+    system_chars: Option<usize>,
+    /// `max_tokens` of each request.
+    #[arg(long)]
+    max_tokens: Option<u32>,
+    /// `model` of each request.
+    #[arg(long)]
+    model: Option<String>,
+    /// Seed of the user texts (another seed sends texts no earlier run sent).
+    #[arg(long)]
+    seed: Option<u32>,
+    /// Per-request timeout, connect to last byte, ms (then error `timeout`).
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    /// A request sent more than this after its scheduled time is late, and the summary says
+    /// the run fell behind, ms.
+    #[arg(long)]
+    max_lag_ms: Option<f64>,
+    /// Wake-up grid, µs: each send waits for the first multiple of it (from the start) at or
+    /// after its scheduled time, so requests due within one tick share a wake-up (cheaper at
+    /// high rates; the wait counts in corrected latencies); 0 = each at its own time.
+    #[arg(long)]
+    tick_us: Option<u64>,
+    /// No progress bar (drawn on stderr only when it is a terminal).
+    #[arg(long)]
+    quiet: bool,
+    /// Write the report as JSON to this file (the summary's numbers, latencies in ms).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[cfg(feature = "bench")]
+impl LoadArgs {
+    /// The defaults of `kvroute_bench::load::LoadConfig` with the flags laid over them.
+    ///
+    /// # Errors
+    /// A duration or lateness bound that is negative or not finite.
+    fn into_config(self, progress: bool) -> anyhow::Result<kvroute_bench::load::LoadConfig> {
+        use kvroute_bench::load::{Limit, LoadConfig};
+        use std::time::Duration;
+        let secs = |flag: &str, s: f64| {
+            Duration::try_from_secs_f64(s).map_err(|_| anyhow::anyhow!("{flag} {s}: not >= 0"))
+        };
+        let mut cfg = LoadConfig {
+            progress: progress && !self.quiet,
+            stream: self.stream,
+            ..LoadConfig::default()
+        };
+        if let Some(v) = self.url {
+            cfg.url = v;
+        }
+        if let Some(v) = self.rate {
+            cfg.rate = v;
+        }
+        if let Some(v) = self.duration {
+            cfg.limit = Limit::Duration(secs("--duration", v)?);
+        }
+        if let Some(n) = self.requests {
+            cfg.limit = Limit::Requests(n);
+        }
+        if let Some(v) = self.max_lag_ms {
+            cfg.max_lag = secs("--max-lag-ms", v / 1_000.0)?;
+        }
+        if let Some(v) = self.timeout_ms {
+            cfg.timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = self.tick_us {
+            cfg.tick = Duration::from_micros(v);
+        }
+        macro_rules! overlay {
+            ($($field:ident),* $(,)?) => {
+                $(if let Some(v) = self.$field { cfg.$field = v; })*
+            };
+        }
+        overlay!(
+            connections,
+            threads,
+            prompt_tokens,
+            system_chars,
+            max_tokens,
+            model,
+            seed
+        );
+        Ok(cfg)
+    }
+}
+
 /// `text` or `json`, as in TOML.
 fn parse_log_format(s: &str) -> Result<kvroute_core::config::LogFormat, String> {
     serde_json::from_value(serde_json::Value::String(s.to_string()))
@@ -674,7 +795,24 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
                 kvroute_bench::engine::events::Encoding::default().to_string(),
             ),
         ];
-        cmd.mut_subcommand("engine", |s| add(s, engine))
+        let cmd = cmd.mut_subcommand("engine", |s| add(s, engine));
+        use kvroute_bench::load as l;
+        let load: &[(&str, String)] = &[
+            ("url", l::DEFAULT_URL.to_string()),
+            ("rate", l::DEFAULT_RATE.to_string()),
+            ("duration", l::DEFAULT_DURATION_S.to_string()),
+            ("connections", l::DEFAULT_CONNECTIONS.to_string()),
+            ("threads", l::DEFAULT_THREADS.to_string()),
+            ("prompt_tokens", l::DEFAULT_PROMPT_TOKENS.to_string()),
+            ("system_chars", l::DEFAULT_SYSTEM_CHARS.to_string()),
+            ("max_tokens", l::DEFAULT_MAX_TOKENS.to_string()),
+            ("model", l::DEFAULT_MODEL.to_string()),
+            ("seed", l::DEFAULT_SEED.to_string()),
+            ("timeout_ms", l::DEFAULT_TIMEOUT_MS.to_string()),
+            ("max_lag_ms", l::DEFAULT_MAX_LAG_MS.to_string()),
+            ("tick_us", l::DEFAULT_TICK_US.to_string()),
+        ];
+        cmd.mut_subcommand("load", |s| add(s, load))
     };
     cmd
 }
@@ -694,6 +832,8 @@ fn main() -> anyhow::Result<()> {
         Command::Engine(args) => run_engine(args),
         #[cfg(feature = "bench")]
         Command::Replay(args) => run_replay(args),
+        #[cfg(feature = "bench")]
+        Command::Load(args) => run_load(args),
         #[cfg(feature = "bench")]
         Command::Demo(args) => demo::run(args),
         #[cfg(feature = "bench")]
@@ -825,6 +965,24 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "bench")]
+/// `kvroute load`: the summary on stdout, the progress bar on stderr when it is a terminal.
+fn run_load(args: LoadArgs) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let out = args.out.clone();
+    let cfg = args.into_config(std::io::stderr().is_terminal())?;
+    let tokenizer = kvroute_tokenize::Tokenizer::qwen3()?;
+    let words = kvroute_bench::trace::WordIds::from_tokenizer(&tokenizer)?;
+    drop(tokenizer);
+    let report = kvroute_bench::load::run(&cfg, words)?;
+    print!("{}", report.table());
+    if let Some(out) = out {
+        std::fs::write(&out, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
+}
+
 #[cfg(all(test, feature = "bench"))]
 mod tests {
     use super::*;
@@ -893,5 +1051,105 @@ mod tests {
             "{help}"
         );
         assert!(help.contains("[default: array]"), "{help}");
+    }
+
+    fn load_config(argv: &[&str]) -> anyhow::Result<kvroute_bench::load::LoadConfig> {
+        let m = with_defaults(Cli::command())
+            .try_get_matches_from(["kvroute", "load"].iter().chain(argv))?;
+        match Cli::from_arg_matches(&m)?.command {
+            Command::Load(a) => a.into_config(true),
+            other => panic!("not load: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn load_flags_lay_over_the_library_defaults() {
+        use kvroute_bench::load::{self as l, Limit};
+        use std::time::Duration;
+        let c = load_config(&[]).unwrap();
+        assert_eq!(c.url, l::DEFAULT_URL);
+        assert_eq!(c.rate, l::DEFAULT_RATE);
+        assert_eq!(c.limit, Limit::Duration(Duration::from_secs(10)));
+        assert_eq!((c.connections, c.threads), (64, 1));
+        assert_eq!((c.prompt_tokens, c.system_chars, c.max_tokens), (16, 0, 16));
+        assert_eq!(c.timeout, Duration::from_millis(l::DEFAULT_TIMEOUT_MS));
+        assert_eq!(c.max_lag, Duration::from_millis(10));
+        assert_eq!(c.tick, Duration::ZERO);
+        assert!(!c.stream && c.progress);
+
+        let c = load_config(&[
+            "--url",
+            "http://127.0.0.1:9/x",
+            "--rate",
+            "2500",
+            "--requests",
+            "7",
+            "--stream",
+            "--connections",
+            "3",
+            "--threads",
+            "2",
+            "--prompt-tokens",
+            "100",
+            "--system-chars",
+            "800",
+            "--max-tokens",
+            "4",
+            "--model",
+            "m",
+            "--seed",
+            "5",
+            "--timeout-ms",
+            "250",
+            "--max-lag-ms",
+            "2.5",
+            "--tick-us",
+            "100",
+            "--quiet",
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.url.as_str(), c.rate, c.limit),
+            ("http://127.0.0.1:9/x", 2500.0, Limit::Requests(7))
+        );
+        assert_eq!(
+            (c.connections, c.threads, c.stream, c.progress),
+            (3, 2, true, false)
+        );
+        assert_eq!(
+            (c.prompt_tokens, c.system_chars, c.max_tokens, c.seed),
+            (100, 800, 4, 5)
+        );
+        assert_eq!(
+            (c.model.as_str(), c.timeout),
+            ("m", Duration::from_millis(250))
+        );
+        assert_eq!(c.max_lag, Duration::from_micros(2_500));
+        assert_eq!(c.tick, Duration::from_micros(100));
+        let c = load_config(&["--duration", "0.5"]).unwrap();
+        assert_eq!(c.limit, Limit::Duration(Duration::from_millis(500)));
+
+        assert!(load_config(&["--duration", "1", "--requests", "2"]).is_err());
+        assert!(load_config(&["--duration", "-1"]).is_err());
+    }
+
+    #[test]
+    fn load_help_shows_the_library_defaults() {
+        let mut cmd = with_defaults(Cli::command());
+        let help = cmd
+            .find_subcommand_mut("load")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        for d in [
+            "[default: http://127.0.0.1:8000]",
+            "[default: 1000]",
+            "[default: 10]",
+            "[default: 64]",
+            "[default: 10000]",
+            "[default: qwen3-sim]",
+        ] {
+            assert!(help.contains(d), "{d} in {help}");
+        }
     }
 }

@@ -186,10 +186,15 @@ impl WordIds {
     /// (`" sticky finder vic …"`), which re-tokenizes to exactly those ids.
     pub fn block_text(&self, ns: u32, id: u64, n: usize) -> String {
         let mut s = String::with_capacity(n * (WORD_MAX_LETTERS + 1));
-        for i in self.indices(ns, id, n) {
-            s.push_str(&self.words[i]);
-        }
+        self.push_block_text(ns, id, n, &mut s);
         s
+    }
+
+    /// Appends [`Self::block_text`]`(ns, id, n)` to `out` (at most `n × 9` bytes, all ASCII).
+    pub fn push_block_text(&self, ns: u32, id: u64, n: usize, out: &mut String) {
+        for i in self.indices(ns, id, n) {
+            out.push_str(&self.words[i]);
+        }
     }
 
     /// Test-only check of the numbered invariants; names the broken one.
