@@ -20,6 +20,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The template is Qwen3's: plain bodies take [`crate::native::render_qwen3`].
+    native_qwen3: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -37,6 +39,18 @@ impl ChatTemplate {
     /// # Errors
     /// [`TokenizeError::Template`] when the template does not compile.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, TokenizeError> {
+        let mut t = Self::interpreted(source, bos_token, eos_token)?;
+        t.native_qwen3 = source == crate::native::QWEN3_TEMPLATE.as_str();
+        Ok(t)
+    }
+
+    /// [`ChatTemplate::new`] always through minijinja (the reference the native renderer is
+    /// tested against).
+    pub(crate) fn interpreted(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<Self, TokenizeError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -57,6 +71,7 @@ impl ChatTemplate {
             env,
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
+            native_qwen3: false,
         })
     }
 
@@ -92,6 +107,11 @@ impl ChatTemplate {
     /// [`TokenizeError::ChatBody`] when the bytes are not a JSON object with a `messages`
     /// array; [`TokenizeError::Template`] when rendering fails.
     pub fn render_body(&self, body: &[u8]) -> Result<String, TokenizeError> {
+        if self.native_qwen3
+            && let Some(text) = crate::native::render_qwen3(body)
+        {
+            return Ok(text);
+        }
         let req: ChatBody =
             serde_json::from_slice(body).map_err(|e| TokenizeError::ChatBody(e.to_string()))?;
         if req.messages.kind() != minijinja::value::ValueKind::Seq {

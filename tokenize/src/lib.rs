@@ -12,6 +12,8 @@
 //!   points inside plain text).
 //! - [`fast`]: the HF pipeline's ids for ASCII text without its per-token overhead, for
 //!   recognised byte-level BPE pipelines (Qwen, Llama 3), used by [`Tokenizer::encode`].
+//! - [`native`]: the Qwen3 chat template rendered natively for plain conversations (the
+//!   same text as minijinja, without the interpreter).
 //! - [`blocks`]: cache-partition namespaces and media keys (the chained xxh3 block keys
 //!   themselves have one implementation, `kvroute_index::keys`).
 //!
@@ -25,6 +27,7 @@ pub mod chat;
 pub mod error;
 pub mod fast;
 pub mod incremental;
+pub mod native;
 pub mod tokenizer;
 
 pub use chat::ChatTemplate;

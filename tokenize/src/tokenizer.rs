@@ -9,7 +9,7 @@ use std::sync::Arc;
 /// gzip of the Qwen3 `tokenizer.json` (11.4 MB unpacked, 151,669 ids with specials).
 static QWEN3_TOKENIZER_GZ: &[u8] = include_bytes!("../assets/qwen3/tokenizer.json.gz");
 /// Qwen3 `tokenizer_config.json` with the real chat template.
-static QWEN3_CONFIG: &str = include_str!("../assets/qwen3/tokenizer_config.json");
+pub(crate) static QWEN3_CONFIG: &str = include_str!("../assets/qwen3/tokenizer_config.json");
 
 /// A tokenizer as the engine uses it: `encode` adds no special tokens (HF
 /// `add_special_tokens=False`) but recognises special tokens written in the text, so a rendered

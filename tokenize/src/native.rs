@@ -1,0 +1,224 @@
+//! A native renderer of the Qwen3 chat template for plain conversations: the text minijinja
+//! renders, without the interpreter.
+//!
+//! Why (measured, `perf/runs/2026-12-01-tokenizer/`): under `perf/compare.sh` load the Qwen3
+//! template through minijinja was a quarter of a token-mode request's CPU (~35 µs for a
+//! system prompt and one question), more than the rest of the routing decision.
+//!
+//! Scope: only the exact Qwen3 template ([`QWEN3_TEMPLATE`], compared byte for byte at load),
+//! and only bodies where it reduces to string concatenation: no `tools`, every message a
+//! `system` / `user` / `assistant` object with string `content` and no `reasoning_content` or
+//! `tool_calls`, no assistant content containing `</think>`, and `chat_template_kwargs`
+//! absent or only a boolean `enable_thinking`. Anything else returns `None` and goes through
+//! minijinja. What it renders (the template's branches for that scope):
+//! - a first `system` message: `<|im_start|>system\n{content}<|im_end|>\n`;
+//! - `user` and later `system` messages: `<|im_start|>{role}\n{content}<|im_end|>\n`;
+//! - `assistant`: `<|im_start|>assistant\n{content}<|im_end|>\n`, except the last message
+//!   when it comes after the last real user query (one whose content is not a
+//!   `<tool_response>…</tool_response>`): `<|im_start|>assistant\n<think>\n\n</think>\n\n
+//!   {content without leading newlines}<|im_end|>\n`;
+//! - with `add_generation_prompt`: `<|im_start|>assistant\n`, then `<think>\n\n</think>\n\n`
+//!   when `enable_thinking` is false.
+//!
+//! Equality with minijinja is a property test over random conversations in that scope
+//! (`native_equals_minijinja`).
+
+use serde::Deserialize;
+use std::borrow::Cow;
+
+/// The Qwen3 chat template this renderer implements (the embedded `tokenizer_config.json`'s).
+pub static QWEN3_TEMPLATE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let cfg: serde_json::Value =
+        serde_json::from_str(crate::tokenizer::QWEN3_CONFIG).expect("the embedded config parses");
+    cfg["chat_template"]
+        .as_str()
+        .expect("the embedded config has a template")
+        .to_string()
+});
+
+#[derive(Deserialize)]
+struct Body<'a> {
+    #[serde(borrow)]
+    messages: Vec<Message<'a>>,
+    #[serde(default)]
+    tools: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    chat_template_kwargs: Option<Kwargs>,
+    #[serde(default)]
+    add_generation_prompt: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Kwargs {
+    #[serde(default)]
+    enable_thinking: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow)]
+    content: Cow<'a, str>,
+    #[serde(default)]
+    reasoning_content: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    tool_calls: Option<serde::de::IgnoredAny>,
+}
+
+/// The prompt text of a chat completions `body` under the Qwen3 template, or `None` when the
+/// body is outside the scope of the module doc (or not such a JSON object at all: the caller's
+/// own parse then reports it).
+pub fn render_qwen3(body: &[u8]) -> Option<String> {
+    let b: Body<'_> = serde_json::from_slice(body).ok()?;
+    if b.tools.is_some() || b.messages.is_empty() {
+        return None;
+    }
+    let enable_thinking = match b.chat_template_kwargs {
+        Some(k) => k.enable_thinking,
+        None => None,
+    };
+    // vLLM: a boolean field is used as is, anything else means true (ChatTemplate::render_body).
+    let add_generation_prompt = b
+        .add_generation_prompt
+        .as_ref()
+        .and_then(|v| v.as_bool())
+        .unwrap_or(true);
+    for m in &b.messages {
+        let known = matches!(&*m.role, "system" | "user" | "assistant");
+        if !known || m.reasoning_content.is_some() || m.tool_calls.is_some() {
+            return None;
+        }
+        if m.role == "assistant" && m.content.contains("</think>") {
+            return None;
+        }
+    }
+    let n = b.messages.len();
+    let last_query = b
+        .messages
+        .iter()
+        .rposition(|m| {
+            m.role == "user"
+                && !(m.content.starts_with("<tool_response>")
+                    && m.content.ends_with("</tool_response>"))
+        })
+        .unwrap_or(n - 1);
+    let mut out = String::with_capacity(b.messages.iter().map(|m| m.content.len() + 32).sum());
+    for (i, m) in b.messages.iter().enumerate() {
+        match &*m.role {
+            "system" if i == 0 => {
+                out.push_str("<|im_start|>system\n");
+                out.push_str(&m.content);
+                out.push_str("<|im_end|>\n");
+            }
+            "assistant" => {
+                out.push_str("<|im_start|>assistant\n");
+                if i > last_query && i == n - 1 {
+                    out.push_str("<think>\n\n</think>\n\n");
+                    out.push_str(m.content.trim_start_matches('\n'));
+                } else {
+                    out.push_str(&m.content);
+                }
+                out.push_str("<|im_end|>\n");
+            }
+            role => {
+                out.push_str("<|im_start|>");
+                out.push_str(role);
+                out.push('\n');
+                out.push_str(&m.content);
+                out.push_str("<|im_end|>\n");
+            }
+        }
+    }
+    if add_generation_prompt {
+        out.push_str("<|im_start|>assistant\n");
+        if enable_thinking == Some(false) {
+            out.push_str("<think>\n\n</think>\n\n");
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ChatTemplate;
+    use proptest::prelude::*;
+    use serde_json::json;
+    use std::sync::OnceLock;
+
+    fn jinja() -> &'static ChatTemplate {
+        static T: OnceLock<ChatTemplate> = OnceLock::new();
+        T.get_or_init(|| ChatTemplate::interpreted(&QWEN3_TEMPLATE, "", "<|im_end|>").unwrap())
+    }
+
+    #[test]
+    fn worked_example() {
+        let body = json!({"messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "2+2?"},
+        ]});
+        let want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+                    <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n\
+                    <|im_start|>assistant\n";
+        let bytes = serde_json::to_vec(&body).unwrap();
+        assert_eq!(render_qwen3(&bytes).as_deref(), Some(want));
+        assert_eq!(jinja().render_body(&bytes).unwrap(), want);
+    }
+
+    #[test]
+    fn out_of_scope_bodies_are_refused() {
+        for body in [
+            json!({"messages": []}),
+            json!({"messages": [{"role": "tool", "content": "x"}]}),
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}),
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": []}),
+            json!({"messages": [{"role": "assistant", "content": "<think>a</think>b"}]}),
+            json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"x": 1}}),
+            json!({"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]}),
+        ] {
+            assert_eq!(
+                render_qwen3(&serde_json::to_vec(&body).unwrap()),
+                None,
+                "{body}"
+            );
+        }
+    }
+
+    fn message() -> impl Strategy<Value = serde_json::Value> {
+        let content = prop_oneof![
+            Just(String::new()),
+            Just("\n\nhi".to_string()),
+            Just("<tool_response>r</tool_response>".to_string()),
+            Just("<think>t".to_string()),
+            Just("a \"q\" \\ é 日本\n".to_string()),
+            "[a-z \n]{0,12}",
+        ];
+        (
+            prop_oneof![Just("system"), Just("user"), Just("assistant")],
+            content,
+        )
+            .prop_map(|(r, c)| json!({"role": r, "content": c}))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+        /// In its scope the native text is minijinja's, byte for byte.
+        #[test]
+        fn native_equals_minijinja(
+            messages in prop::collection::vec(message(), 1..7),
+            generation in prop_oneof![Just(None), Just(Some(true)), Just(Some(false))],
+            thinking in prop_oneof![Just(None), Just(Some(true)), Just(Some(false))],
+        ) {
+            let mut body = json!({"model": "m", "messages": messages});
+            if let Some(g) = generation { body["add_generation_prompt"] = json!(g); }
+            if let Some(t) = thinking { body["chat_template_kwargs"] = json!({"enable_thinking": t}); }
+            let bytes = serde_json::to_vec(&body).unwrap();
+            let native = render_qwen3(&bytes).expect("in scope");
+            prop_assert_eq!(native, jinja().render_body(&bytes).unwrap());
+        }
+    }
+}
