@@ -134,3 +134,47 @@ for t, (rps, cpu, errs, growth) in summary.items():
 open(f"{out}/summary.tsv", "w").write("\n".join(lines) + "\n")
 EOF
 echo "wrote $out/rounds.tsv and $out/summary.tsv"
+
+[ -n "$rates" ] || exit 0
+# Fixed-rate runs: `kvroute load` schedules request i at i / R s and measures from that time
+# (coordinated omission cannot hide a stall); same bodies' shape as chat.lua (800-character
+# system prompt, a 16-token question).
+RUST_LOG=warn "$bin" serve --listen 127.0.0.1:19015 --admin-listen "" --worker http://127.0.0.1:19105 \
+  --policy round_robin >"$run/sse.log" 2>&1 &
+pids+=($!)
+port[sse]=19015 port[sse_direct]=19105
+for _ in $(seq 1 50); do  # bounded: 50 x 0.1 s
+  curl -sf -o /dev/null -H 'content-type: application/json' -d "$body" \
+    http://127.0.0.1:19015/v1/chat/completions && break
+  sleep 0.1
+done
+load() {  # target rate extra-flags... -> one line of rates.tsv
+  local t=$1 r=$2; shift 2
+  "$bin" load --url "http://127.0.0.1:${port[$t]}" --rate "$r" --duration "$secs" --model m \
+    --system-chars 800 --prompt-tokens 16 --quiet --out "$run/load.json" "$@" >/dev/null
+  python3 - "$run/load.json" "$t" "$r" >> "$out/rates.tsv" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+c, f = d["corrected_ms"], d["first_chunk_uncorrected_ms"]
+print(f"{sys.argv[3]}\t{sys.argv[2]}\t{c['p50']}\t{c['p99']}\t{f['p50']}\t{d['achieved_rate']:.0f}\t{d['errors'] + d['unsent']}")
+PY
+}
+echo -e "rate\ttarget\tp50_ms\tp99_ms\tfirst_chunk_p50_ms\tachieved\terrors" > "$out/rates.tsv"
+for r in ${rates//,/ }; do
+  for t in nginx rr token; do load "$t" "$r" --connections "$conns"; done
+done
+# The first SSE chunk on one reused connection: straight at the SSE upstream, then through
+# kvroute; the difference is what kvroute adds.
+for t in sse_direct sse; do load "$t" 1000 --connections 1 --stream; done
+python3 - "$out" <<'EOF2'
+import csv, sys
+rows = list(csv.DictReader(open(f"{sys.argv[1]}/rates.tsv"), delimiter="\t"))
+print(f"\n{'rate':>7} {'target':<10} {'p50 ms':>8} {'p99 ms':>8} {'achieved':>9} {'errors':>7}")
+for r in rows:
+    if not r["target"].startswith("sse"):
+        print(f"{r['rate']:>7} {r['target']:<10} {float(r['p50_ms']):>8.3f} {float(r['p99_ms']):>8.3f} {r['achieved']:>9} {r['errors']:>7}")
+sse = {r["target"]: float(r["first_chunk_p50_ms"]) for r in rows if r["target"].startswith("sse")}
+print(f"first SSE chunk p50 on a reused connection: direct {sse['sse_direct']:.3f} ms, "
+      f"through kvroute {sse['sse']:.3f} ms, added {sse['sse'] - sse['sse_direct']:.3f} ms")
+EOF2
+echo "wrote $out/rates.tsv"
