@@ -2,8 +2,8 @@
 //! the way `kvroute serve` makes it for a chat request (io's exchange, without the sockets):
 //!
 //! ```text
-//! body parse (route_key) → chat template render + incremental tokenize (ShardTokenizers::attach)
-//!   → block keys and lengths (Router::request) → fleet snapshot (Workers::snapshot)
+//! body parse + chat template render + tokenize (ShardTokenizers::route: the chat prefix
+//!   cache, else route_key then attach) → block keys and lengths (Router::request) → fleet snapshot (Workers::snapshot)
 //!   → policy (Router::decide_request) → booking + load guard (Worker::acquire_booked)
 //!   → record in the indexes (Router::record)
 //! ```
@@ -25,7 +25,7 @@
 use hdrhistogram::Histogram;
 use kvroute_core::config::{Config, PolicyKind, defaults};
 use kvroute_core::policy::{Router, Snapshot};
-use kvroute_core::route_key::{Endpoint, route_key};
+use kvroute_core::route_key::Endpoint;
 use kvroute_core::tokens::Tokenizers;
 use kvroute_core::workers::Workers;
 use kvroute_tokenize::Tokenizer;
@@ -63,7 +63,7 @@ pub fn policies() -> [PolicyKind; 2] {
 }
 
 /// The stages of one decision, in order (report keys).
-const STAGES: [&str; 6] = ["parse", "tokenize", "facts", "snapshot", "decide", "record"];
+const STAGES: [&str; 5] = ["parse_tokenize", "facts", "snapshot", "decide", "record"];
 
 /// The body of turn `turn` (1-based) of conversation `conv` in a chat of `size` tokens.
 fn chat_body(words: &WordIds, system: &str, conv: u64, turn: usize, size: usize) -> Vec<u8> {
@@ -125,9 +125,8 @@ fn run_one(
             let now = seq; // virtual ms: one request per ms
             let start = Instant::now();
             let mut t = start;
-            let mut key = route_key(Endpoint::ChatCompletions, &body)?;
-            let parse = ns_since(&mut t);
-            let attached = tokenizers.attach(Endpoint::ChatCompletions, &body, None, &mut key);
+            let (key, attached) =
+                tokenizers.route(Endpoint::ChatCompletions, &body, None, &|_| true)?;
             if let Some(e) = attached.prompt_error {
                 return Err(format!("the chat template failed: {e}").into());
             }
@@ -171,7 +170,7 @@ fn run_one(
                 half.record(whole)?;
                 for (h, ns) in stages
                     .iter_mut()
-                    .zip([parse, tokenize, facts_ns, snapshot, decide, record])
+                    .zip([tokenize, facts_ns, snapshot, decide, record])
                 {
                     h.record(ns)?;
                 }

@@ -15,6 +15,7 @@
 //!   the request is committed to it.
 //! - [`metrics::Metrics`]: Prometheus counters and histograms.
 
+pub mod chat_prefix;
 pub mod config;
 pub mod error;
 pub mod events;

@@ -104,6 +104,14 @@ impl TokenSource {
 ///   `text` / `input_ids` of the wrong shape, or a token id that is not an integer in
 ///   0..=u32::MAX.
 pub fn route_key(endpoint: Endpoint, body: &[u8]) -> Result<RouteKey, CoreError> {
+    key_from_fields(endpoint, parse_fields(body)?)
+}
+
+/// The routing fields of a top-level object's bytes (the first half of [`route_key`]).
+///
+/// # Errors
+/// [`CoreError::BodyNotJson`], [`CoreError::BodyNotObject`].
+pub(crate) fn parse_fields(body: &[u8]) -> Result<Fields<'_>, CoreError> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let not_json = |e: serde_json::Error| CoreError::BodyNotJson {
         line: e.line(),
@@ -111,10 +119,17 @@ pub fn route_key(endpoint: Endpoint, body: &[u8]) -> Result<RouteKey, CoreError>
     };
     let top = Top::deserialize(&mut de).map_err(not_json)?;
     de.end().map_err(not_json)?;
-    let Top::Object(boxed) = top else {
-        return Err(CoreError::BodyNotObject);
-    };
-    let f = *boxed;
+    match top {
+        Top::Object(boxed) => Ok(*boxed),
+        Top::NotObject => Err(CoreError::BodyNotObject),
+    }
+}
+
+/// The [`RouteKey`] of parsed fields (the second half of [`route_key`]).
+///
+/// # Errors
+/// [`CoreError::MissingField`], [`CoreError::WrongType`] as [`route_key`] documents.
+pub(crate) fn key_from_fields(endpoint: Endpoint, f: Fields<'_>) -> Result<RouteKey, CoreError> {
     let model = f.model.map(Cow::into_owned).unwrap_or_default();
     let suffix = model.split_once(':').map(|(_, adapter)| adapter);
     let lora = [f.lora_path.as_deref(), f.lora_id.as_deref(), suffix]
@@ -202,11 +217,13 @@ enum Top<'a> {
     NotObject,
 }
 
+/// The top-level fields routing reads, as [`parse_fields`] found them.
 #[derive(Default)]
-struct Fields<'a> {
+pub(crate) struct Fields<'a> {
     model: Option<Cow<'a, str>>,
     stream: Option<bool>,
-    messages: Option<Messages>,
+    /// `messages`, flattened ([`Messages::List`] is what [`message_text`] builds too).
+    pub(crate) messages: Option<Messages>,
     prompt: Option<Prompt<'a>>,
     text: Option<Prompt<'a>>,
     input_ids: Option<Prompt<'a>>,
@@ -218,7 +235,7 @@ struct Fields<'a> {
 }
 
 /// `messages`, already flattened into routing text and media keys.
-enum Messages {
+pub(crate) enum Messages {
     List(String, Vec<u64>),
     NotArray,
     EntryNotObject,
@@ -452,6 +469,38 @@ impl<'de> Visitor<'de> for TopVisitor {
 }
 deserialize_any_with!(Top<'de>, TopVisitor);
 
+/// Appends one message object's routing text (`<|role|>` + its content text) to `text` and
+/// its media keys to `media`, exactly as [`route_key`] flattens each element of `messages`.
+/// `json` is the message's bytes; `None` when they are not one JSON object.
+pub(crate) fn message_text(json: &[u8], text: &mut String, media: &mut Vec<u64>) -> Option<()> {
+    let Message::Object {
+        role,
+        content,
+        media: m,
+    } = serde_json::from_slice::<Message<'_>>(json).ok()?
+    else {
+        return None;
+    };
+    push_message(text, media, role.as_deref(), &content, m);
+    Some(())
+}
+
+fn push_message(
+    text: &mut String,
+    media: &mut Vec<u64>,
+    role: Option<&str>,
+    content: &[Cow<'_, str>],
+    m: Vec<u64>,
+) {
+    media.extend(m);
+    text.push_str("<|");
+    text.push_str(role.unwrap_or(""));
+    text.push_str("|>");
+    for part in content {
+        text.push_str(part);
+    }
+}
+
 /// `messages`: appends `<|role|>` + content text per message straight into one `String`.
 struct MessagesVisitor;
 impl<'de> Visitor<'de> for MessagesVisitor {
@@ -470,13 +519,7 @@ impl<'de> Visitor<'de> for MessagesVisitor {
                     content,
                     media: m,
                 } if all_objects => {
-                    media.extend(m);
-                    text.push_str("<|");
-                    text.push_str(role.as_deref().unwrap_or(""));
-                    text.push_str("|>");
-                    for part in content {
-                        text.push_str(&part);
-                    }
+                    push_message(&mut text, &mut media, role.as_deref(), &content, m)
                 }
                 Message::Object { .. } => {}
                 Message::NotObject => all_objects = false,

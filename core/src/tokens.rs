@@ -17,8 +17,9 @@
 //! cache is shared between cores.
 
 use crate::CoreError;
+use crate::chat_prefix::{ChatCache, SharedChatCache};
 use crate::config::Config;
-use crate::route_key::{Endpoint, RouteKey, TokenSource};
+use crate::route_key::{Endpoint, RouteKey, TokenSource, route_key};
 use kvroute_tokenize::incremental::{PrefixCache, SharedPrefixCache};
 use kvroute_tokenize::{IncrementalTokenizer, TokenizeError, Tokenizer};
 use std::collections::HashMap;
@@ -90,6 +91,7 @@ pub fn parse_routing_tokens(value: &[u8]) -> Result<Vec<u32>, HeaderRejection> {
 pub struct Tokenizers {
     default: Option<(Tokenizer, SharedPrefixCache)>,
     by_model: Vec<(String, Tokenizer, SharedPrefixCache)>,
+    chat: SharedChatCache,
 }
 
 impl Tokenizers {
@@ -122,7 +124,8 @@ impl Tokenizers {
     }
 
     /// Already-loaded tokenizers: `default` for any model, `by_model` for named ones; each
-    /// caches up to `cache_tokens` prefix tokens, shared by all shards.
+    /// caches up to `cache_tokens` prefix tokens, shared by all shards, and the chat prefix
+    /// cache ([`crate::chat_prefix`]) holds up to `cache_tokens` token-equivalents for all.
     pub fn new(
         default: Option<Tokenizer>,
         by_model: Vec<(String, Tokenizer)>,
@@ -134,6 +137,7 @@ impl Tokenizers {
                 .into_iter()
                 .map(|(m, t)| (m, t, PrefixCache::shared(cache_tokens)))
                 .collect(),
+            chat: ChatCache::shared(cache_tokens),
         }
     }
 
@@ -155,6 +159,7 @@ impl Tokenizers {
                 .iter()
                 .map(|(m, t, c)| (m.clone(), inc(t, c)))
                 .collect(),
+            chat: Arc::clone(&self.chat),
         }
     }
 }
@@ -176,6 +181,8 @@ pub struct Attached {
 pub struct ShardTokenizers {
     default: Option<IncrementalTokenizer>,
     by_model: HashMap<String, IncrementalTokenizer>,
+    /// The chat prefix cache of every model, shared by the shards ([`crate::chat_prefix`]).
+    pub(crate) chat: SharedChatCache,
 }
 
 impl ShardTokenizers {
@@ -194,6 +201,50 @@ impl ShardTokenizers {
             Some(n) => self.by_model.get_mut(n),
             None => self.default.as_mut(),
         }
+    }
+
+    /// [`route_key`] of `body` and its token ids ([`ShardTokenizers::attach`]) in one step,
+    /// through the chat prefix cache ([`crate::chat_prefix`]) for chat bodies without a
+    /// routing-tokens `header`, so a conversation's turn costs what its new messages do.
+    /// `tokenize(key)` is asked before any tokenizing: when it says no (a request about to be
+    /// refused, e.g. an unknown model) the key stays in text mode. The result is the one
+    /// `route_key` then `attach` give, ids and key alike.
+    ///
+    /// # Errors
+    /// [`route_key`]'s, for a body it refuses.
+    pub fn route(
+        &mut self,
+        endpoint: Endpoint,
+        body: &[u8],
+        header: Option<&[u8]>,
+        tokenize: &dyn Fn(&RouteKey) -> bool,
+    ) -> Result<(RouteKey, Attached), CoreError> {
+        let chat = endpoint == Endpoint::ChatCompletions && header.is_none();
+        if chat && let Some(r) = self.route_cached(body, tokenize) {
+            let (key, reused_tokens) = r?;
+            let attached = Attached {
+                reused_tokens,
+                ..Attached::default()
+            };
+            return Ok((key, attached));
+        }
+        let mut key = route_key(endpoint, body)?;
+        if !tokenize(&key) {
+            return Ok((key, Attached::default()));
+        }
+        if chat
+            && key.input_ids.is_none()
+            && let Some(r) = self.route_miss(body, &mut key)
+        {
+            let mut attached = Attached::default();
+            match r {
+                Ok(reused) => attached.reused_tokens = reused,
+                Err(e) => attached.prompt_error = Some(e),
+            }
+            return Ok((key, attached));
+        }
+        let attached = self.attach(endpoint, body, header, &mut key);
+        Ok((key, attached))
     }
 
     /// Fills `key.input_ids` and `key.token_source` from, in order, the body's ids (already

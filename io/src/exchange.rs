@@ -30,7 +30,7 @@ use http::{HeaderName, HeaderValue};
 use kvroute_core::health::{Outcome, is_retryable_status};
 use kvroute_core::metrics::Format;
 use kvroute_core::policy::{Decision, Snapshot};
-use kvroute_core::route_key::{Endpoint, RouteKey, route_key};
+use kvroute_core::route_key::{Endpoint, RouteKey};
 use kvroute_core::tokens::{ROUTING_TOKENS_HEADER, ShardTokenizers};
 use kvroute_core::workers::{LoadGuard, Worker};
 use std::cell::RefCell;
@@ -305,17 +305,32 @@ fn models_json(shared: &Shared, id: Option<&str>) -> Option<Vec<u8>> {
     serde_json::to_vec(&v).ok()
 }
 
-/// The "tokenize" step (style.md): token ids from the body, the `x-kvroute-routing-tokens`
-/// header, or this shard's tokenizer (see `kvroute_core::tokens`). Never fails the request:
-/// an ignored header or a prompt the template cannot render is counted and routing stays in
-/// text mode.
-fn attach_tokens(ctx: &ShardCtx, endpoint: Endpoint, req: &Request, key: &mut RouteKey) {
+/// The "parse" and "tokenize" steps (style.md) in one: the routing key of the body, and its
+/// token ids from the body, the `x-kvroute-routing-tokens` header, or this shard's tokenizer
+/// (see `kvroute_core::tokens`). A request `proxy` is about to refuse (no model, unknown
+/// model) is not tokenized. Tokenizing never fails the request: an ignored header or a
+/// prompt the template cannot render is counted and routing stays in text mode.
+///
+/// # Errors
+/// The body's, as `route_key` reports them (a 400).
+fn parse_and_tokenize(
+    ctx: &ShardCtx,
+    endpoint: Endpoint,
+    req: &Request,
+) -> Result<RouteKey, kvroute_core::CoreError> {
     let shared = &ctx.shared;
     let header = req.header(ROUTING_TOKENS_HEADER);
-    let attached = ctx
+    let accepted = |k: &RouteKey| {
+        (!k.model.is_empty() || endpoint == Endpoint::Generate)
+            && shared.workers.knows_model(&k.model)
+    };
+    let (key, attached) = ctx
         .tokens
         .borrow_mut()
-        .attach(endpoint, &req.body, header, key);
+        .route(endpoint, &req.body, header, &accepted)?;
+    if !accepted(&key) {
+        return Ok(key);
+    }
     if let Some(why) = attached.header_rejected {
         shared.metrics.on_routing_tokens_rejected(why.as_str());
     }
@@ -332,6 +347,7 @@ fn attach_tokens(ctx: &ShardCtx, endpoint: Endpoint, req: &Request, key: &mut Ro
     {
         keys.push(key.clone());
     }
+    Ok(key)
 }
 
 /// A request committed to a worker: its first response bytes have arrived.
@@ -520,7 +536,7 @@ async fn proxy(
     extra: &[(HeaderName, HeaderValue)],
 ) {
     let shared = &ctx.shared;
-    let mut key = match route_key(endpoint, &req.body) {
+    let mut key = match parse_and_tokenize(ctx, endpoint, req) {
         Ok(key) => key,
         Err(e) => {
             shared.metrics.on_bad_request(e.kind());
@@ -540,7 +556,6 @@ async fn proxy(
         let err = ApiError::new(404, format!("The model `{}` does not exist.", key.model));
         return answer_error(sink, rec, &err, extra).await;
     }
-    attach_tokens(ctx, endpoint, req, &mut key);
     key.session = session_key(&req.parts.headers);
     let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
     shared.retry_budget.deposit();

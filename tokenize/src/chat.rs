@@ -44,6 +44,12 @@ impl ChatTemplate {
         Ok(t)
     }
 
+    /// True when this is the Qwen3 template that [`crate::native`] renders (plain bodies skip
+    /// the interpreter).
+    pub fn is_native_qwen3(&self) -> bool {
+        self.native_qwen3
+    }
+
     /// [`ChatTemplate::new`] always through minijinja (the reference the native renderer is
     /// tested against).
     pub(crate) fn interpreted(

@@ -231,6 +231,12 @@ impl IncrementalTokenizer {
         lock_cache(&self.cache)
     }
 
+    /// Identity of the prefix cache behind this tokenizer: equal for the tokenizers of one
+    /// model on every shard ([`SharedPrefixCache`]), distinct between models.
+    pub fn cache_id(&self) -> usize {
+        Arc::as_ptr(&self.cache) as usize
+    }
+
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tok

@@ -39,7 +39,14 @@ pub static QWEN3_TEMPLATE: std::sync::LazyLock<String> = std::sync::LazyLock::ne
 #[derive(Deserialize)]
 struct Body<'a> {
     #[serde(borrow)]
-    messages: Vec<Message<'a>>,
+    messages: Vec<PlainMessage<'a>>,
+    #[serde(flatten)]
+    options: OptionFields,
+}
+
+/// The top-level fields besides `messages` that the template reads.
+#[derive(Deserialize)]
+struct OptionFields {
     #[serde(default)]
     tools: Option<serde::de::IgnoredAny>,
     #[serde(default)]
@@ -55,16 +62,119 @@ struct Kwargs {
     enable_thinking: Option<bool>,
 }
 
-#[derive(Deserialize)]
-struct Message<'a> {
+/// One chat message in the renderer's scope (see the module doc): `role` is `system`, `user`
+/// or `assistant`, `content` a string.
+#[derive(Debug, Deserialize)]
+pub struct PlainMessage<'a> {
+    /// `system`, `user` or `assistant`.
     #[serde(borrow)]
-    role: Cow<'a, str>,
+    pub role: Cow<'a, str>,
+    /// The message's text.
     #[serde(borrow)]
-    content: Cow<'a, str>,
+    pub content: Cow<'a, str>,
     #[serde(default)]
     reasoning_content: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     tool_calls: Option<serde::de::IgnoredAny>,
+}
+
+impl<'a> PlainMessage<'a> {
+    /// One message object (JSON bytes), or `None` when it is not one or is outside the
+    /// renderer's scope.
+    pub fn parse(json: &'a [u8]) -> Option<Self> {
+        let m: Self = serde_json::from_slice(json).ok()?;
+        m.in_scope().then_some(m)
+    }
+
+    fn in_scope(&self) -> bool {
+        let known = matches!(&*self.role, "system" | "user" | "assistant");
+        known
+            && self.reasoning_content.is_none()
+            && self.tool_calls.is_none()
+            && !(self.role == "assistant" && self.content.contains("</think>"))
+    }
+
+    /// A real user query in the template's sense: a `user` message whose content is not a
+    /// `<tool_response>…</tool_response>`. The last one decides [`think_wrapped`].
+    pub fn is_query(&self) -> bool {
+        self.role == "user"
+            && !(self.content.starts_with("<tool_response>")
+                && self.content.ends_with("</tool_response>"))
+    }
+}
+
+/// What the template reads besides the messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// Append the generation prompt (`add_generation_prompt`: the body's boolean, else true,
+    /// as vLLM does).
+    pub add_generation_prompt: bool,
+    /// `chat_template_kwargs.enable_thinking`, when given.
+    pub enable_thinking: Option<bool>,
+}
+
+impl RenderOptions {
+    /// The options of a chat body (a JSON object's bytes; its `messages` field, if any, is
+    /// not read), or `None` when the body is outside the renderer's scope (`tools`, other
+    /// `chat_template_kwargs`) or not an object.
+    pub fn parse(json: &[u8]) -> Option<Self> {
+        let f: OptionFields = serde_json::from_slice(json).ok()?;
+        Self::from_fields(f)
+    }
+
+    fn from_fields(f: OptionFields) -> Option<Self> {
+        if f.tools.is_some() {
+            return None;
+        }
+        Some(Self {
+            // vLLM: a boolean field is used as is, anything else means true
+            // (ChatTemplate::render_body).
+            add_generation_prompt: f
+                .add_generation_prompt
+                .as_ref()
+                .and_then(|v| v.as_bool())
+                .unwrap_or(true),
+            enable_thinking: f.chat_template_kwargs.and_then(|k| k.enable_thinking),
+        })
+    }
+}
+
+/// The template's special case for message `index` of `count`: the last message, an
+/// assistant's, after the last real user query `last_query` ([`PlainMessage::is_query`]) is
+/// rendered inside an empty `<think>` block.
+pub fn think_wrapped(
+    m: &PlainMessage<'_>,
+    index: usize,
+    count: usize,
+    last_query: Option<usize>,
+) -> bool {
+    m.role == "assistant" && index + 1 == count && last_query.is_some_and(|q| index > q)
+}
+
+/// Appends message `index`'s text to `out` (`wrapped`: [`think_wrapped`]). Every message's
+/// text starts with `<|im_start|>` and ends with `<|im_end|>\n`.
+pub fn render_message(out: &mut String, m: &PlainMessage<'_>, wrapped: bool) {
+    out.push_str("<|im_start|>");
+    out.push_str(&m.role);
+    out.push('\n');
+    if wrapped {
+        out.push_str("<think>\n\n</think>\n\n");
+        out.push_str(m.content.trim_start_matches('\n'));
+    } else {
+        out.push_str(&m.content);
+    }
+    out.push_str("<|im_end|>\n");
+}
+
+/// Appends the generation prompt `opts` asks for (nothing, or `<|im_start|>assistant\n`
+/// then an empty `<think>` block when `enable_thinking` is false).
+pub fn render_generation(out: &mut String, opts: RenderOptions) {
+    if opts.add_generation_prompt {
+        out.push_str("<|im_start|>assistant\n");
+        if opts.enable_thinking == Some(false) {
+            out.push_str("<think>\n\n</think>\n\n");
+        }
+    }
 }
 
 /// The prompt text of a chat completions `body` under the Qwen3 template, or `None` when the
@@ -72,71 +182,17 @@ struct Message<'a> {
 /// own parse then reports it).
 pub fn render_qwen3(body: &[u8]) -> Option<String> {
     let b: Body<'_> = serde_json::from_slice(body).ok()?;
-    if b.tools.is_some() || b.messages.is_empty() {
+    let opts = RenderOptions::from_fields(b.options)?;
+    if b.messages.is_empty() || !b.messages.iter().all(PlainMessage::in_scope) {
         return None;
     }
-    let enable_thinking = match b.chat_template_kwargs {
-        Some(k) => k.enable_thinking,
-        None => None,
-    };
-    // vLLM: a boolean field is used as is, anything else means true (ChatTemplate::render_body).
-    let add_generation_prompt = b
-        .add_generation_prompt
-        .as_ref()
-        .and_then(|v| v.as_bool())
-        .unwrap_or(true);
-    for m in &b.messages {
-        let known = matches!(&*m.role, "system" | "user" | "assistant");
-        if !known || m.reasoning_content.is_some() || m.tool_calls.is_some() {
-            return None;
-        }
-        if m.role == "assistant" && m.content.contains("</think>") {
-            return None;
-        }
-    }
     let n = b.messages.len();
-    let last_query = b
-        .messages
-        .iter()
-        .rposition(|m| {
-            m.role == "user"
-                && !(m.content.starts_with("<tool_response>")
-                    && m.content.ends_with("</tool_response>"))
-        })
-        .unwrap_or(n - 1);
+    let last_query = b.messages.iter().rposition(PlainMessage::is_query);
     let mut out = String::with_capacity(b.messages.iter().map(|m| m.content.len() + 32).sum());
     for (i, m) in b.messages.iter().enumerate() {
-        match &*m.role {
-            "system" if i == 0 => {
-                out.push_str("<|im_start|>system\n");
-                out.push_str(&m.content);
-                out.push_str("<|im_end|>\n");
-            }
-            "assistant" => {
-                out.push_str("<|im_start|>assistant\n");
-                if i > last_query && i == n - 1 {
-                    out.push_str("<think>\n\n</think>\n\n");
-                    out.push_str(m.content.trim_start_matches('\n'));
-                } else {
-                    out.push_str(&m.content);
-                }
-                out.push_str("<|im_end|>\n");
-            }
-            role => {
-                out.push_str("<|im_start|>");
-                out.push_str(role);
-                out.push('\n');
-                out.push_str(&m.content);
-                out.push_str("<|im_end|>\n");
-            }
-        }
+        render_message(&mut out, m, think_wrapped(m, i, n, last_query));
     }
-    if add_generation_prompt {
-        out.push_str("<|im_start|>assistant\n");
-        if enable_thinking == Some(false) {
-            out.push_str("<think>\n\n</think>\n\n");
-        }
-    }
+    render_generation(&mut out, opts);
     Some(out)
 }
 

@@ -1,0 +1,984 @@
+//! [`ChatCache`]: a chat request's routing key and token ids at a cost that grows with its new
+//! messages, not with the conversation.
+//!
+//! A chat client resends the whole conversation every turn, and the bytes of turn N+1's body
+//! start with turn N's bytes up to the end of its last message (same serializer, same key
+//! order). So the router keeps, for the last messages of each body it tokenized, the state
+//! after that message, keyed by the xxh3-128 hash and the length of the body bytes up to it:
+//! the flattened routing text and media keys (what [`crate::route_key::route_key`] builds),
+//! and the token ids of the chat template's text up to that message. A request then costs:
+//!
+//! 1. one `memchr` pass for `}` followed by `,` or `]` (candidate message ends), and one
+//!    streaming xxh3 pass over the bytes up to the last of them;
+//! 2. at most [`MAX_PROBES`] lookups, from the last candidate back: the longest cached prefix;
+//! 3. a strict structural scan of the bytes after it ([`scan_rest`]) and a JSON parse of each
+//!    new message and of the other top-level fields (the head before `messages` and the tail
+//!    after it, joined into one small object), so a malformed suffix is never accepted: any
+//!    surprise falls back to the full path, which reports the error;
+//! 4. the Qwen3 template rendered for the new messages only ([`kvroute_tokenize::native`]),
+//!    and the tokenizer run on that text only. The cached text ends where a message ends,
+//!    just before the next `<|im_start|>` (a template cut: the ids of the pieces concatenate
+//!    to the ids of the whole, `kvroute_tokenize::incremental`).
+//!
+//! Why this is exact: the cached bytes were a valid prefix of a body that parsed, and JSON
+//! parsing is left to right, so any body with the same first bytes is in the same state
+//! there (just after one element of the top-level `messages` array, `head` fields read). A
+//! message's rendering depends only on itself, except that the template wraps the *last*
+//! message in an empty `<think>` block when it is an assistant's after the last user query
+//! ([`native::think_wrapped`]): a prefix ending with such a message is never cached, and a
+//! prefix whose last message could be wrapped is not used for a body that ends there.
+//!
+//! Scope: the Qwen3 template rendered natively (plain bodies: see `kvroute_tokenize::native`)
+//! and no routing-tokens header. Everything else takes [`crate::route_key::route_key`] and
+//! [`crate::tokens::ShardTokenizers::attach`]. A hash collision (2^-128 per pair of distinct
+//! prefixes of one length, or one crafted by a client against its own requests) could only
+//! misroute: the body is forwarded unchanged.
+//!
+//! One cache for all models and shards (a conversation's next turn may reach another core),
+//! behind a mutex held only for the lookups and the inserts. Its budget counts what entries
+//! hold in token-equivalents ([`Prefix::cost`]); least recently used entries go first,
+//! O(evicted).
+
+use crate::CoreError;
+use crate::route_key::{
+    Endpoint, Messages, RouteKey, TokenSource, key_from_fields, message_text, parse_fields,
+};
+use crate::tokens::ShardTokenizers;
+use kvroute_tokenize::native::{self, PlainMessage, RenderOptions};
+use kvroute_tokenize::{IncrementalTokenizer, TokenizeError};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use xxhash_rust::xxh3::Xxh3;
+
+/// At most this many cached-prefix lookups per request, from its last message end back.
+/// Message ends are what is cached; 64 covers a client that edits or drops the last 63
+/// messages, and bounds a miss to 64 hash-map probes (~2 µs).
+pub const MAX_PROBES: usize = 64;
+
+/// Message ends cached per request, counted from its end: the last message (what the next
+/// turn reuses) and the two before it (reused when a client regenerates or edits the last
+/// turn). Mirrors `kvroute_tokenize::incremental::ENTRIES_PER_PROMPT`.
+pub const ENTRIES_PER_REQUEST: usize = 3;
+
+/// The state after the first messages of a body: what a body starting with the same bytes
+/// reuses.
+#[derive(Debug)]
+struct Prefix {
+    /// Body bytes covered: just past the closing `}` of message `messages − 1`.
+    bytes: usize,
+    /// Offset of the `"messages"` key's opening quote (the head fields are before it).
+    key: usize,
+    /// [`kvroute_tokenize::IncrementalTokenizer::cache_id`] of the tokenizer that made `ids`.
+    tokenizer: usize,
+    /// Messages covered.
+    messages: usize,
+    /// Index of the last real user query among them ([`PlainMessage::is_query`]).
+    last_query: Option<usize>,
+    /// The last covered message would be wrapped if it were a body's last
+    /// ([`native::think_wrapped`]).
+    last_wrappable: bool,
+    /// Token ids of the template text of the covered messages: `ids[..tokens]`.
+    ids: Arc<Vec<u32>>,
+    tokens: usize,
+    /// Routing text ([`RouteKey::text`]) of the covered messages: `text[..text_len]`.
+    text: Arc<String>,
+    text_len: usize,
+    /// Media keys of the covered messages: `media[..media_len]`.
+    media: Arc<Vec<u64>>,
+    media_len: usize,
+}
+
+impl Prefix {
+    /// Budget charge, token-equivalents: ids, plus the text at 4 bytes and media keys at 2
+    /// per token. Charged per entry although entries of one request share buffers, so the
+    /// budget bounds memory from above.
+    fn cost(&self) -> usize {
+        self.tokens + self.text_len.div_ceil(4) + 2 * self.media_len
+    }
+}
+
+/// The cache of chat prefixes (module doc). Shared by the shards through [`SharedChatCache`].
+///
+/// # Invariants
+/// 1. `order` holds exactly one `(tick, hash)` per entry of `entries`, with the entry's tick.
+/// 2. `held` is the sum of the entries' [`Prefix::cost`], at most `budget` between calls.
+#[derive(Debug)]
+pub struct ChatCache {
+    budget: usize,
+    entries: HashMap<u128, (Arc<Prefix>, u64)>,
+    order: BTreeMap<u64, u128>,
+    held: usize,
+    next_tick: u64,
+    hits: u64,
+    misses: u64,
+}
+
+impl Default for ChatCache {
+    /// The budget of a model's token prefix cache,
+    /// [`kvroute_tokenize::incremental::DEFAULT_CACHE_TOKENS`].
+    fn default() -> Self {
+        Self::new(kvroute_tokenize::incremental::DEFAULT_CACHE_TOKENS)
+    }
+}
+
+/// A [`ChatCache`] shared by the shards' tokenizers.
+pub type SharedChatCache = Arc<Mutex<ChatCache>>;
+
+impl ChatCache {
+    /// An empty cache of at most `budget` token-equivalents ([`Prefix::cost`]); 0 disables it.
+    pub fn new(budget: usize) -> Self {
+        Self {
+            budget,
+            entries: HashMap::new(),
+            order: BTreeMap::new(),
+            held: 0,
+            next_tick: 0,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    /// [`Self::new`] wrapped for sharing between shards.
+    pub fn shared(budget: usize) -> SharedChatCache {
+        Arc::new(Mutex::new(Self::new(budget)))
+    }
+
+    /// Token-equivalents held now (≤ the budget).
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Requests that found a cached prefix, and requests in scope that did not.
+    pub fn hits_misses(&self) -> (u64, u64) {
+        (self.hits, self.misses)
+    }
+
+    /// The longest cached prefix among `cands` (ascending `(bytes, hash)`), looking at most
+    /// [`MAX_PROBES`] back from the last.
+    fn lookup(&mut self, cands: &[(usize, u128)]) -> Option<Arc<Prefix>> {
+        for &(bytes, hash) in cands.iter().rev().take(MAX_PROBES) {
+            let Some((p, tick)) = self.entries.get_mut(&hash) else {
+                continue;
+            };
+            if p.bytes != bytes {
+                continue;
+            }
+            let p = Arc::clone(p);
+            self.order.remove(tick);
+            *tick = self.next_tick;
+            self.order.insert(self.next_tick, hash);
+            self.next_tick += 1;
+            self.hits += 1;
+            return Some(p);
+        }
+        self.misses += 1;
+        None
+    }
+
+    fn insert(&mut self, hash: u128, p: Prefix) {
+        if self.budget == 0 || p.cost() > self.budget {
+            return;
+        }
+        if let Some((old, tick)) = self.entries.remove(&hash) {
+            self.order.remove(&tick);
+            self.held -= old.cost();
+        }
+        self.held += p.cost();
+        self.order.insert(self.next_tick, hash);
+        self.entries.insert(hash, (Arc::new(p), self.next_tick));
+        self.next_tick += 1;
+        while self.held > self.budget {
+            let Some((_, h)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some((old, _)) = self.entries.remove(&h) {
+                self.held -= old.cost();
+            }
+        }
+    }
+
+    /// Checks the invariants (tests only).
+    #[cfg(test)]
+    fn check(&self) -> Result<(), String> {
+        if self.order.len() != self.entries.len() {
+            return Err("order and entries differ in size".into());
+        }
+        for (tick, h) in &self.order {
+            match self.entries.get(h) {
+                Some((_, t)) if t == tick => {}
+                _ => return Err(format!("tick {tick} has no entry")),
+            }
+        }
+        let sum: usize = self.entries.values().map(|(p, _)| p.cost()).sum();
+        if sum != self.held || self.held > self.budget {
+            return Err(format!(
+                "held {} sum {sum} budget {}",
+                self.held, self.budget
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn lock(cache: &SharedChatCache) -> std::sync::MutexGuard<'_, ChatCache> {
+    cache.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Candidate message ends of `body`: just past each `}` followed (after whitespace) by `,` or
+/// `]`, with the xxh3-128 hash of the bytes before it; only the last [`MAX_PROBES`] are
+/// hashed, in one streaming pass.
+fn candidates(body: &[u8]) -> Vec<(usize, u128)> {
+    let mut ends: Vec<usize> = memchr::memchr_iter(b'}', body)
+        .filter(|&i| matches!(body.get(skip_ws(body, i + 1)), Some(b',' | b']')))
+        .map(|i| i + 1)
+        .collect();
+    let from = ends.len().saturating_sub(MAX_PROBES);
+    ends.drain(..from);
+    let mut h = Xxh3::new();
+    let mut at = 0;
+    ends.into_iter()
+        .map(|e| {
+            h.update(&body[at..e]);
+            at = e;
+            (e, h.digest128())
+        })
+        .collect()
+}
+
+/// The xxh3-128 hash of `bytes` (what [`candidates`] computes for a prefix).
+fn prefix_hash(bytes: &[u8]) -> u128 {
+    let mut h = Xxh3::new();
+    h.update(bytes);
+    h.digest128()
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        i += 1;
+    }
+    i
+}
+
+/// Past the string starting at `b[i] == '"'`.
+fn skip_string(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
+    loop {
+        j += memchr::memchr2(b'"', b'\\', &b[j..])?;
+        if b[j] == b'"' {
+            return Some(j + 1);
+        }
+        j += 2;
+        if j > b.len() {
+            return None;
+        }
+    }
+}
+
+/// Past the JSON value starting at `b[i]` (structure only: strings, nesting, and scalars up to
+/// a delimiter; the caller's JSON parse of the same bytes validates them).
+fn skip_value(b: &[u8], i: usize) -> Option<usize> {
+    match *b.get(i)? {
+        b'"' => skip_string(b, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            loop {
+                match *b.get(j)? {
+                    b'"' => {
+                        j = skip_string(b, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+        }
+        _ => {
+            let mut j = i;
+            while j < b.len() && !matches!(b[j], b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+            {
+                j += 1;
+            }
+            (j > i).then_some(j)
+        }
+    }
+}
+
+/// Where a chat body's messages are.
+#[derive(Debug, PartialEq, Eq)]
+struct Layout {
+    /// Offset of the `"messages"` key's opening quote.
+    key: usize,
+    /// Each message's bytes `[start, end)`, from the scan's start on.
+    elems: Vec<(usize, usize)>,
+    /// Just past the array's `]`.
+    end: usize,
+}
+
+/// Scans the members of an object from `i` (just past `{` when `first`, else just past a
+/// member) to its closing `}` and the end of `b`, noting the `messages` array (`found`: the
+/// one already seen); `None` on anything unexpected (an escaped key, a second or a missing
+/// `messages`, bytes after the object).
+fn scan_members(
+    b: &[u8],
+    mut i: usize,
+    mut first: bool,
+    mut found: Option<Layout>,
+) -> Option<Layout> {
+    loop {
+        i = skip_ws(b, i);
+        match *b.get(i)? {
+            b'}' => {
+                return (skip_ws(b, i + 1) == b.len()).then_some(found?);
+            }
+            b',' if !first => i = skip_ws(b, i + 1),
+            _ if first => {}
+            _ => return None,
+        }
+        first = false;
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_start = i;
+        let key_end = skip_string(b, i)?;
+        let key = &b[key_start + 1..key_end - 1];
+        if key.contains(&b'\\') {
+            return None;
+        }
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        if key == b"messages" {
+            if found.is_some() || b.get(i) != Some(&b'[') {
+                return None;
+            }
+            let (elems, end) = scan_elements(b, i + 1, true)?;
+            found = Some(Layout {
+                key: key_start,
+                elems,
+                end,
+            });
+            i = end;
+        } else {
+            i = skip_value(b, i)?;
+        }
+    }
+}
+
+/// The elements of an array from `i` (just past `[` when `first`, else just past an
+/// element) to past its `]`: each element must be an object.
+fn scan_elements(b: &[u8], mut i: usize, mut first: bool) -> Option<(Vec<(usize, usize)>, usize)> {
+    let mut elems = Vec::new();
+    loop {
+        i = skip_ws(b, i);
+        match *b.get(i)? {
+            b']' => return Some((elems, i + 1)),
+            b',' if !first => i = skip_ws(b, i + 1),
+            b'{' if first => {}
+            _ => return None,
+        }
+        first = false;
+        if b.get(i) != Some(&b'{') {
+            return None;
+        }
+        let end = skip_value(b, i)?;
+        elems.push((i, end));
+        i = end;
+    }
+}
+
+/// The layout of a whole body (a JSON object with one `messages` array of objects).
+fn scan_body(b: &[u8]) -> Option<Layout> {
+    let i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    scan_members(b, i + 1, true, None)
+}
+
+/// The layout of the bytes after a cached prefix (`b[..p]` ends just past a message of the
+/// `messages` array whose key is at `key`): the new messages and the rest of the object.
+fn scan_rest(b: &[u8], p: usize, key: usize) -> Option<Layout> {
+    let (elems, end) = scan_elements(b, p, false)?;
+    let layout = Layout { key, elems, end };
+    scan_members(b, end, false, Some(layout))
+}
+
+/// The top-level fields besides `messages`, as one small object: the head before the key,
+/// `"messages":null`, and the tail after the array.
+fn other_fields(b: &[u8], l: &Layout) -> Vec<u8> {
+    let mut v = Vec::with_capacity(l.key + 16 + b.len() - l.end);
+    v.extend_from_slice(&b[..l.key]);
+    v.extend_from_slice(b"\"messages\":null");
+    v.extend_from_slice(&b[l.end..]);
+    v
+}
+
+/// A body's messages in scope, parsed: each message's native form.
+struct Parsed<'a> {
+    msgs: Vec<PlainMessage<'a>>,
+    opts: RenderOptions,
+}
+
+/// Parses the messages `l.elems` of `b` and the other fields (`None`: out of scope).
+fn parse_in_scope<'a>(b: &'a [u8], l: &Layout, others: &[u8]) -> Option<Parsed<'a>> {
+    let opts = RenderOptions::parse(others)?;
+    let msgs = l
+        .elems
+        .iter()
+        .map(|&(s, e)| PlainMessage::parse(&b[s..e]))
+        .collect::<Option<Vec<_>>>()?;
+    Some(Parsed { msgs, opts })
+}
+
+/// The model's tokenizer when its chat template is rendered natively.
+fn native(t: Option<&mut IncrementalTokenizer>) -> Option<&mut IncrementalTokenizer> {
+    t.filter(|t| {
+        t.tokenizer()
+            .chat_template()
+            .is_some_and(|c| c.is_native_qwen3())
+    })
+}
+
+impl ShardTokenizers {
+    /// The hit path (module doc, steps 1–4): `None` when no cached prefix applies or anything
+    /// is out of scope; the caller then takes the full path, which parses again and reports
+    /// errors. `tokenize(key)` says whether the request is to be tokenized at all (a known
+    /// model); when it says no, the key is returned in text mode. Else the key carries its
+    /// ids, and the second value is the prefix tokens reused.
+    pub(crate) fn route_cached(
+        &mut self,
+        body: &[u8],
+        tokenize: &dyn Fn(&RouteKey) -> bool,
+    ) -> Option<Result<(RouteKey, usize), CoreError>> {
+        let cands = candidates(body);
+        let prefix = lock(&self.chat).lookup(&cands)?;
+        let layout = scan_rest(body, prefix.bytes, prefix.key)?;
+        let others = other_fields(body, &layout);
+        let parsed = parse_in_scope(body, &layout, &others)?;
+        if parsed.msgs.is_empty() && prefix.last_wrappable {
+            return None;
+        }
+        let mut fields = parse_fields(&others).ok()?;
+        let mut text = String::with_capacity(prefix.text_len + body.len() - prefix.bytes);
+        text.push_str(&prefix.text[..prefix.text_len]);
+        let mut media = prefix.media[..prefix.media_len].to_vec();
+        let first = prefix.messages;
+        let count = first + parsed.msgs.len();
+        let mut last_query = prefix.last_query;
+        let mut b = Boundaries::default();
+        for (j, (&(s, e), m)) in layout.elems.iter().zip(&parsed.msgs).enumerate() {
+            message_text(&body[s..e], &mut text, &mut media)?;
+            if m.is_query() {
+                last_query = Some(first + j);
+            }
+            b.push_text(e, text.len(), media.len(), last_query, m, first + j);
+        }
+        let message_media = media.len();
+        fields.messages = Some(Messages::List(text, media));
+        let mut key = match key_from_fields(Endpoint::ChatCompletions, fields) {
+            Ok(k) => k,
+            Err(e) => return Some(Err(e)),
+        };
+        if !tokenize(&key) {
+            return Some(Ok((key, 0)));
+        }
+        let chat = Arc::clone(&self.chat);
+        let t = native(self.for_model(&key.model))?;
+        if t.cache_id() != prefix.tokenizer {
+            return None;
+        }
+        let mut ids = Vec::with_capacity(prefix.tokens + (body.len() - prefix.bytes) / 3 + 8);
+        ids.extend_from_slice(&prefix.ids[..prefix.tokens]);
+        let mut rendered = String::new();
+        for (j, m) in parsed.msgs.iter().enumerate() {
+            rendered.clear();
+            let wrapped = native::think_wrapped(m, first + j, count, last_query);
+            native::render_message(&mut rendered, m, wrapped);
+            ids.extend(t.tokenizer().try_encode(&rendered).ok()?);
+            b.push_tokens(ids.len(), wrapped);
+        }
+        let upto = ids.len();
+        rendered.clear();
+        native::render_generation(&mut rendered, parsed.opts);
+        if !rendered.is_empty() {
+            ids.extend(t.tokenizer().try_encode(&rendered).ok()?);
+        }
+        let cached = Cached {
+            key: prefix.key,
+            tokenizer: t.cache_id(),
+            ids: &ids[..upto],
+            text: &key.text,
+            media: &key.image_keys[..message_media],
+        };
+        insert(&chat, body, &cands, &b, first, &cached);
+        key.input_ids = Some(ids).filter(|v| !v.is_empty());
+        if key.input_ids.is_some() {
+            key.token_source = TokenSource::Prompt;
+        }
+        Some(Ok((key, prefix.tokens)))
+    }
+
+    /// The miss path for a chat `body` that `key` was parsed from (by
+    /// [`crate::route_key::route_key`], so the body is valid): the template text rendered
+    /// message by message, the head (all but the last [`ENTRIES_PER_REQUEST`] messages)
+    /// through the incremental tokenizer (so a document shared with other conversations is
+    /// reused), each later message and the generation prompt on their own, and the last
+    /// message ends cached. Returns the tokens reused, or `None` when out of scope (the caller
+    /// then renders through the chat template as before).
+    pub(crate) fn route_miss(
+        &mut self,
+        body: &[u8],
+        key: &mut RouteKey,
+    ) -> Option<Result<usize, TokenizeError>> {
+        let layout = scan_body(body)?;
+        let others = other_fields(body, &layout);
+        let parsed = parse_in_scope(body, &layout, &others)?;
+        let count = parsed.msgs.len();
+        if count == 0 {
+            return None;
+        }
+        let chat = Arc::clone(&self.chat);
+        let t = native(self.for_model(&key.model))?;
+        let last_query_all = parsed.msgs.iter().rposition(PlainMessage::is_query);
+        let mut b = Boundaries::default();
+        let (mut text, mut media) = (String::new(), Vec::new());
+        let mut last_query = None;
+        for (j, (&(s, e), m)) in layout.elems.iter().zip(&parsed.msgs).enumerate() {
+            message_text(&body[s..e], &mut text, &mut media)?;
+            if m.is_query() {
+                last_query = Some(j);
+            }
+            b.push_text(e, text.len(), media.len(), last_query, m, j);
+        }
+        // The same flattening as route_key's (a check, not an expectation of a difference).
+        if text != key.text || key.image_keys.get(..media.len()) != Some(&media[..]) {
+            return None;
+        }
+        let mut rendered = String::new();
+        let mut ends = Vec::with_capacity(count);
+        let mut wrapped = Vec::with_capacity(count);
+        for (j, m) in parsed.msgs.iter().enumerate() {
+            let w = native::think_wrapped(m, j, count, last_query_all);
+            native::render_message(&mut rendered, m, w);
+            ends.push(rendered.len());
+            wrapped.push(w);
+        }
+        let head = count.saturating_sub(ENTRIES_PER_REQUEST);
+        let (mut ids, reused) = match head {
+            0 => (Vec::new(), 0),
+            h => match t.encode(&rendered[..ends[h - 1]], key.namespace) {
+                Ok(e) => (e.ids, e.reused_tokens),
+                Err(e) => return Some(Err(e)),
+            },
+        };
+        for j in 0..count {
+            if j >= head {
+                let from = if j == 0 { 0 } else { ends[j - 1] };
+                match t.tokenizer().try_encode(&rendered[from..ends[j]]) {
+                    Ok(v) => ids.extend(v),
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            b.push_tokens(ids.len(), wrapped[j]);
+        }
+        let upto = ids.len();
+        rendered.clear();
+        native::render_generation(&mut rendered, parsed.opts);
+        if !rendered.is_empty() {
+            match t.tokenizer().try_encode(&rendered) {
+                Ok(v) => ids.extend(v),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        let cached = Cached {
+            key: layout.key,
+            tokenizer: t.cache_id(),
+            ids: &ids[..upto],
+            text: &text,
+            media: &media,
+        };
+        insert(&chat, body, &[], &b, 0, &cached);
+        key.input_ids = Some(ids).filter(|v| !v.is_empty());
+        if key.input_ids.is_some() {
+            key.token_source = TokenSource::Prompt;
+        }
+        Some(Ok(reused))
+    }
+}
+
+/// What a request's cached prefixes share: the `messages` key's offset, the tokenizer, and
+/// the ids, routing text and media keys up to its last cached message end.
+struct Cached<'a> {
+    key: usize,
+    tokenizer: usize,
+    ids: &'a [u32],
+    text: &'a str,
+    media: &'a [u64],
+}
+
+/// Per message of a request (from its first new one): where it ends in the body, and the
+/// ids, routing text and media keys up to its end.
+#[derive(Default)]
+struct Boundaries {
+    body_end: Vec<usize>,
+    tokens: Vec<usize>,
+    text_len: Vec<usize>,
+    media_len: Vec<usize>,
+    /// The message was rendered in a `<think>` block ([`native::think_wrapped`]).
+    wrapped: Vec<bool>,
+    last_query: Vec<Option<usize>>,
+    /// The message would be wrapped if it were a body's last.
+    wrappable: Vec<bool>,
+}
+
+impl Boundaries {
+    fn push_text(
+        &mut self,
+        end: usize,
+        text: usize,
+        media: usize,
+        last_query: Option<usize>,
+        m: &PlainMessage<'_>,
+        index: usize,
+    ) {
+        self.body_end.push(end);
+        self.text_len.push(text);
+        self.media_len.push(media);
+        self.last_query.push(last_query);
+        self.wrappable
+            .push(m.role == "assistant" && last_query.is_some_and(|q| index > q));
+    }
+
+    fn push_tokens(&mut self, tokens: usize, wrapped: bool) {
+        self.tokens.push(tokens);
+        self.wrapped.push(wrapped);
+    }
+}
+
+/// Caches the last [`ENTRIES_PER_REQUEST`] message ends of `b` (boundary `j` is the end of
+/// message `first + j`), except one ending with a wrapped message. Hashes come from `cands`
+/// ([`candidates`] of `body`) where they are there.
+fn insert(
+    cache: &SharedChatCache,
+    body: &[u8],
+    cands: &[(usize, u128)],
+    b: &Boundaries,
+    first: usize,
+    c: &Cached<'_>,
+) {
+    let n = b.body_end.len();
+    if n == 0 {
+        return;
+    }
+    let ids = Arc::new(c.ids.to_vec());
+    let text = Arc::new(c.text.to_string());
+    let media = Arc::new(c.media.to_vec());
+    let mut out = Vec::with_capacity(ENTRIES_PER_REQUEST);
+    for j in n.saturating_sub(ENTRIES_PER_REQUEST)..n {
+        if b.wrapped[j] {
+            continue;
+        }
+        let bytes = b.body_end[j];
+        let hash = match cands.binary_search_by_key(&bytes, |&(e, _)| e) {
+            Ok(i) => cands[i].1,
+            Err(_) => prefix_hash(&body[..bytes]),
+        };
+        let p = Prefix {
+            bytes,
+            key: c.key,
+            tokenizer: c.tokenizer,
+            messages: first + j + 1,
+            last_query: b.last_query[j],
+            last_wrappable: b.wrappable[j],
+            ids: Arc::clone(&ids),
+            tokens: b.tokens[j],
+            text: Arc::clone(&text),
+            text_len: b.text_len[j],
+            media: Arc::clone(&media),
+            media_len: b.media_len[j],
+        };
+        out.push((hash, p));
+    }
+    let mut cache = lock(cache);
+    for (h, p) in out {
+        cache.insert(h, p);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route_key::route_key;
+    use crate::tokens::Tokenizers;
+    use kvroute_tokenize::Tokenizer;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+    use std::sync::OnceLock;
+
+    fn qwen() -> &'static Tokenizer {
+        static T: OnceLock<Tokenizer> = OnceLock::new();
+        T.get_or_init(|| Tokenizer::qwen3().unwrap())
+    }
+
+    fn shard(budget: usize) -> ShardTokenizers {
+        Tokenizers::new(Some(qwen().clone()), Vec::new(), budget).for_shard()
+    }
+
+    /// The full path: route_key then attach, with its own tokenizers.
+    fn reference(r: &mut ShardTokenizers, body: &[u8]) -> Result<(RouteKey, bool), CoreError> {
+        let mut key = route_key(Endpoint::ChatCompletions, body)?;
+        let a = r.attach(Endpoint::ChatCompletions, body, None, &mut key);
+        Ok((key, a.prompt_error.is_some()))
+    }
+
+    fn routed(s: &mut ShardTokenizers, body: &[u8]) -> Result<(RouteKey, Attached2), CoreError> {
+        let (key, a) = s.route(Endpoint::ChatCompletions, body, None, &|_| true)?;
+        Ok((
+            key,
+            Attached2 {
+                reused: a.reused_tokens,
+                failed: a.prompt_error.is_some(),
+            },
+        ))
+    }
+
+    struct Attached2 {
+        reused: usize,
+        failed: bool,
+    }
+
+    fn stats(s: &ShardTokenizers) -> (u64, u64) {
+        lock(&s.chat).hits_misses()
+    }
+
+    #[test]
+    fn second_turn_reuses_the_first_and_equals_the_full_path() {
+        let (mut s, mut r) = (shard(1 << 20), shard(0));
+        let sys = json!({"role": "system", "content": "Be brief."});
+        let q1 = json!({"role": "user", "content": "Hi"});
+        let turn1 = json!({"messages": [sys, q1], "model": "m", "stream": true});
+        let b1 = serde_json::to_vec(&turn1).unwrap();
+        let (k1, a1) = routed(&mut s, &b1).unwrap();
+        assert_eq!((a1.reused, a1.failed), (0, false));
+        assert_eq!(stats(&s), (0, 1));
+        let want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+                    <|im_start|>assistant\n";
+        assert_eq!(k1.input_ids.as_deref(), Some(&qwen().encode(want)[..]));
+        assert_eq!((k1.clone(), false), reference(&mut r, &b1).unwrap());
+        let a = json!({"role": "assistant", "content": "Hello!"});
+        let q2 = json!({"role": "user", "content": "2+2?"});
+        let turn2 = json!({"messages": [sys, q1, a, q2], "model": "m", "stream": true});
+        let b2 = serde_json::to_vec(&turn2).unwrap();
+        let (k2, a2) = routed(&mut s, &b2).unwrap();
+        assert_eq!(stats(&s), (1, 1));
+        // Reused: the ids of both turn-1 messages, i.e. all of turn 1 but its generation prompt.
+        let generation = qwen().encode("<|im_start|>assistant\n").len();
+        assert_eq!(a2.reused, k1.input_ids.as_ref().unwrap().len() - generation);
+        assert_eq!((k2, false), reference(&mut r, &b2).unwrap());
+    }
+
+    #[test]
+    fn a_broken_suffix_gets_the_full_paths_error() {
+        let mut s = shard(1 << 20);
+        let m = |c: &str| json!({"role": "user", "content": c});
+        let b1 = serde_json::to_vec(&json!({"model": "m", "messages": [m("a"), m("b")]})).unwrap();
+        routed(&mut s, &b1).unwrap();
+        let good = serde_json::to_vec(&json!({"model": "m", "messages": [m("a"), m("b"), m("c")]}))
+            .unwrap();
+        let cut = good.len() - 2; // `…"c"}]}` → `…"c"` + garbage
+        for tail in [
+            &b"]}"[..],
+            b"}",
+            b"},]}",
+            b"}] x",
+            b"},{\"role\":1}]}",
+            b"}],\"model\":}",
+        ] {
+            let mut body = good[..cut].to_vec();
+            body.extend_from_slice(tail);
+            let got = routed(&mut s, &body).map(|(k, _)| k);
+            let want = route_key(Endpoint::ChatCompletions, &body);
+            match (got, want) {
+                (Ok(g), Ok(w)) => {
+                    assert_eq!(g.text, w.text, "{}", String::from_utf8_lossy(&body))
+                }
+                (Err(g), Err(w)) => assert_eq!(g.to_string(), w.to_string()),
+                (g, w) => panic!(
+                    "{:?} vs {:?} for {}",
+                    g.is_ok(),
+                    w.is_ok(),
+                    String::from_utf8_lossy(&body)
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn an_assistant_turn_that_would_be_wrapped_is_not_reused_as_the_last() {
+        // Turn 1 ends with an assistant message after the query: rendered in a <think> block,
+        // so its end is not cached; a prefix ending just before it is.
+        let (mut s, mut r) = (shard(1 << 20), shard(0));
+        let u = json!({"role": "user", "content": "q"});
+        let a = json!({"role": "assistant", "content": "\n\npartial"});
+        for body in [
+            json!({"messages": [u, a]}),
+            json!({"messages": [u, a]}),
+            json!({"messages": [u, a, u]}),
+            json!({"messages": [u, a]}),
+        ] {
+            let b = serde_json::to_vec(&body).unwrap();
+            let (k, _) = routed(&mut s, &b).unwrap();
+            assert_eq!((k, false), reference(&mut r, &b).unwrap(), "{body}");
+        }
+    }
+
+    #[test]
+    fn layout_of_a_body() {
+        let b =
+            br#" { "model" : "m", "messages" : [ {"a":"},{"} , {"b":[1,{"c":"]"}]} ] , "x":[]} "#;
+        let l = scan_body(b).unwrap();
+        assert_eq!(&b[l.key..l.key + 10], b"\"messages\"");
+        let elems: Vec<&[u8]> = l.elems.iter().map(|&(s, e)| &b[s..e]).collect();
+        assert_eq!(elems, [&br#"{"a":"},{"}"#[..], br#"{"b":[1,{"c":"]"}]}"#]);
+        assert_eq!(&b[l.end - 1..l.end], b"]");
+        for bad in [
+            &br#"{"messages":[1]}"#[..],
+            br#"{"messages":[{}],"messages":[]}"#,
+            br#"{"m\u0065ssages":[{}]}"#,
+            br#"{"x":1}"#,
+            br#"{"messages":[{}]} x"#,
+        ] {
+            assert_eq!(scan_body(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn the_budget_evicts_least_recently_used() {
+        let mut s = shard(40);
+        let mut r = shard(0);
+        for i in 0..30 {
+            let body = json!({"messages": [{"role": "user", "content": format!("conversation {i} says hello")}]});
+            let b = serde_json::to_vec(&body).unwrap();
+            let (k, _) = routed(&mut s, &b).unwrap();
+            assert_eq!((k, false), reference(&mut r, &b).unwrap());
+            let c = lock(&s.chat);
+            c.check().unwrap();
+            assert!(c.held() <= 40);
+        }
+    }
+
+    fn content() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            Just("},{\"role\":\"user\"}]".to_string()),
+            Just("<tool_response>r</tool_response>".to_string()),
+            Just("a \"q\" \\ é 日本\n".to_string()),
+            Just("\n\nlead".to_string()),
+            "[a-z ,.{}\\[\\]\n]{0,16}",
+        ]
+    }
+
+    fn message() -> impl Strategy<Value = Value> {
+        (
+            prop_oneof![
+                6 => Just("system"),
+                10 => Just("user"),
+                10 => Just("assistant"),
+                1 => Just("tool"),
+            ],
+            content(),
+            0..8u8,
+        )
+            .prop_map(|(role, c, shape)| match shape {
+                0 => json!({"content": c, "role": role}),
+                1 => json!({"role": role, "content": [{"type": "text", "text": c}]}),
+                _ => json!({"role": role, "content": c}),
+            })
+    }
+
+    /// One turn's edit of the previous messages.
+    #[derive(Debug, Clone)]
+    enum Edit {
+        Append(Vec<Value>),
+        Same,
+        DropLast,
+        ReplaceLast(Value),
+    }
+
+    fn edit() -> impl Strategy<Value = Edit> {
+        prop_oneof![
+            6 => prop::collection::vec(message(), 1..3).prop_map(Edit::Append),
+            1 => Just(Edit::Same),
+            1 => Just(Edit::DropLast),
+            1 => message().prop_map(Edit::ReplaceLast),
+        ]
+    }
+
+    /// A body for `messages` in one of several shapes clients send.
+    fn body(messages: &[Value], shape: u8) -> Vec<u8> {
+        let msgs = Value::Array(messages.to_vec());
+        let v = match shape % 4 {
+            0 => json!({"model": "m", "messages": msgs, "stream": true}),
+            1 => json!({"messages": msgs, "model": "m", "cache_salt": "s", "max_tokens": 9}),
+            2 => json!({"messages": msgs, "chat_template_kwargs": {"enable_thinking": false}}),
+            _ => json!({"model": "m", "add_generation_prompt": false, "messages": msgs}),
+        };
+        if shape >= 4 {
+            serde_json::to_vec_pretty(&v).unwrap()
+        } else {
+            serde_json::to_vec(&v).unwrap()
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+        /// Over conversations that grow, repeat, drop and edit turns, in several body shapes:
+        /// the key and ids are the full path's, whatever the cache held.
+        #[test]
+        fn equals_the_full_path(
+            start in prop::collection::vec(message(), 1..4),
+            edits in prop::collection::vec(edit(), 1..6),
+            shape in 0..8u8,
+        ) {
+            static SHARDS: OnceLock<Mutex<(ShardTokenizers, ShardTokenizers)>> = OnceLock::new();
+            let mut g = SHARDS.get_or_init(|| Mutex::new((shard(0), shard(0)))).lock().unwrap_or_else(|p| p.into_inner());
+            let (s, r) = &mut *g;
+            s.chat = ChatCache::shared(1 << 16);
+            let mut msgs = start;
+            for (turn, e) in std::iter::once(Edit::Same).chain(std::iter::once(Edit::Same)).chain(edits).enumerate() {
+                match e {
+                    Edit::Append(m) => msgs.extend(m),
+                    Edit::Same => {}
+                    Edit::DropLast if msgs.len() > 1 => { msgs.pop(); }
+                    Edit::DropLast => {}
+                    Edit::ReplaceLast(m) => *msgs.last_mut().unwrap() = m,
+                }
+                let b = body(&msgs, shape);
+                let (key, a) = routed(s, &b).unwrap();
+                let (want, failed) = reference(r, &b).unwrap();
+                prop_assert_eq!(a.failed, failed);
+                prop_assert_eq!(key, want);
+                // The same body again: a hit when in scope, unless its last message is an
+                // assistant's after the query (never cached as a last message).
+                let plain = msgs.iter().all(|m| m["content"].is_string() && m["role"] != "tool");
+                let n = msgs.len();
+                let last_query = msgs.iter().rposition(|m| m["role"] == "user" && !m["content"].as_str().unwrap_or("").starts_with("<tool_response>"));
+                let wrappable = msgs[n - 1]["role"] == "assistant" && last_query.is_some_and(|q| q < n - 1);
+                if turn == 1 && plain && !wrappable {
+                    prop_assert_eq!(stats(s).0, 1);
+                }
+            }
+            lock(&s.chat).check().unwrap();
+        }
+    }
+}
