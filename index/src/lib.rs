@@ -35,6 +35,7 @@
 pub mod hash_index;
 pub mod keys;
 pub mod left_right;
+pub mod mix;
 pub mod positional;
 mod radix;
 pub mod reference;

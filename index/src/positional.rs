@@ -79,7 +79,6 @@ use crate::{IndexError, Namespace, TenantId};
 use crossbeam_epoch::{self as epoch, Guard};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -123,29 +122,7 @@ impl Overlap {
     }
 }
 
-/// Hasher for keys that are already hashes (engine block hashes): one multiply-xorshift.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct MixHasher(u64);
-
-impl Hasher for MixHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        let x = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = x ^ (x >> 29);
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(n as u64);
-    }
-}
-
-pub(crate) type MixMap<K, V> = HashMap<K, V, BuildHasherDefault<MixHasher>>;
+pub(crate) use crate::mix::MixMap;
 
 /// State shared by the read handle and every writer.
 struct Shared {

@@ -25,7 +25,7 @@
 
 use super::EngineReport;
 use super::timing::{PrefillModel, STEP_TOKENS};
-use std::collections::HashMap;
+use kvroute_index::mix::MixMap;
 use std::sync::Mutex;
 
 /// What a dispatch books on its worker (made by the router from its decision,
@@ -139,8 +139,9 @@ struct Booked {
 #[derive(Debug)]
 struct Active {
     next_id: u64,
-    requests: HashMap<u64, Booked>,
-    blocks: HashMap<u64, u32>,
+    requests: MixMap<u64, Booked>,
+    /// Requests booked per block key (keys are hashes: [`MixMap`]).
+    blocks: MixMap<u64, u32>,
     unkeyed_blocks: u64,
     prefill_requests: usize,
     prefill_tokens: u64,
@@ -162,8 +163,8 @@ impl Default for ActiveLoad {
         Self {
             inner: Mutex::new(Active {
                 next_id: 0,
-                requests: HashMap::new(),
-                blocks: HashMap::new(),
+                requests: MixMap::default(),
+                blocks: MixMap::default(),
                 unkeyed_blocks: 0,
                 prefill_requests: 0,
                 prefill_tokens: 0,
@@ -308,7 +309,7 @@ impl ActiveLoad {
         {
             return Err(1);
         }
-        let mut want: HashMap<u64, u32> = HashMap::new();
+        let mut want: MixMap<u64, u32> = MixMap::default();
         for k in a.requests.values().flat_map(|r| &r.keys) {
             *want.entry(*k).or_insert(0) += 1;
         }
