@@ -37,7 +37,7 @@ use crate::BoxError;
 use crate::trace::synth::WordIds;
 
 /// Chat sizes at turn [`TURNS`], tokens (issue 15: 1k, 8k and 32k-token chats).
-pub const SIZES: [usize; 1] = [8192];
+pub const SIZES: [usize; 3] = [1024, 8192, 32768];
 /// Turns per conversation; the last is the measured "turn 10".
 pub const TURNS: usize = 10;
 /// Conversations per (policy, size): 200 turn-10 samples, a p99 of two.
@@ -59,7 +59,7 @@ fn system_prompt() -> String {
 
 /// The policies measured: the default ([`defaults::POLICY`]) and SMG's `cache_aware`.
 pub fn policies() -> [PolicyKind; 2] {
-    [defaults::POLICY, defaults::POLICY]
+    [defaults::POLICY, PolicyKind::CacheAware]
 }
 
 /// The stages of one decision, in order (report keys).
@@ -120,9 +120,8 @@ fn run_one(
     let mut prompt_tokens = 0usize;
     let mut reused_tokens = 0usize;
     for conv in 0..CONVERSATIONS as u64 {
-        let mut last = Vec::new();
-        for turn in 1..=TURNS+100 { let turn = turn.min(TURNS);
-            let body = if turn < TURNS || last.is_empty() { chat_body(words, &system, conv, turn, size) } else { last.clone() }; last = body.clone();
+        for turn in 1..=TURNS {
+            let body = chat_body(words, &system, conv, turn, size);
             let now = seq; // virtual ms: one request per ms
             let start = Instant::now();
             let mut t = start;

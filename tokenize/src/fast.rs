@@ -15,13 +15,15 @@
 //! 2. each piece between them that is ASCII: NFC is the identity, and the split regex is
 //!    evaluated by a hand-written scanner ([`split_ascii`], one rule per alternative, in the
 //!    regex's leftmost-first order); each pre-token is mapped to the byte-level alphabet and
-//!    merged by the HF BPE model itself (its own merges, vocabulary and word cache);
+//!    merged with the HF model's own merges ([`crate::bpe`]; by the HF model itself when it
+//!    is not plain byte-level BPE or the word is long);
 //! 3. a piece with any non-ASCII byte goes through the whole HF pipeline (exact, slower).
 //!
 //! So the ids are HF's by construction for everything but the scanner, which is checked
 //! against HF's own pre-tokenizer by a property test over adversarial ASCII and at load time
 //! on a fixed corpus ([`FastEncoder::new`] refuses the fast path on any difference).
 
+use crate::bpe::ByteBpe;
 use aho_corasick::{AhoCorasick, MatchKind};
 use tokenizers::Model;
 
@@ -45,6 +47,9 @@ pub struct FastEncoder {
     digits: Digits,
     /// GPT-2's byte-level alphabet: the char each byte stands for in vocabulary strings.
     byte_char: [char; 256],
+    /// The model's merges without HF's per-call allocations ([`crate::bpe`]), `None` when the
+    /// model is not plain byte-level BPE (then HF's model merges each word).
+    bpe: Option<ByteBpe>,
 }
 
 /// Text the load-time check encodes both ways: letters, digits, contractions, whitespace
@@ -74,11 +79,13 @@ impl FastEncoder {
                     .ok()?,
             )
         };
+        let byte_char = byte_level_alphabet();
         let fast = Self {
             added,
             added_ids: tokens.iter().map(|(_, id)| *id).collect(),
             digits,
-            byte_char: byte_level_alphabet(),
+            bpe: ByteBpe::new(inner.get_model(), &byte_char),
+            byte_char,
         };
         let hf = inner
             .encode_fast(SELF_CHECK, false)
@@ -127,10 +134,16 @@ impl FastEncoder {
         let mut i = 0;
         while i < bytes.len() {
             let end = next_pre_token(bytes, i, self.digits);
-            word.clear();
-            word.extend(bytes[i..end].iter().map(|&b| self.byte_char[b as usize]));
-            for t in model.tokenize(&word).map_err(|e| e.to_string())? {
-                ids.push(t.id);
+            let merged = self
+                .bpe
+                .as_ref()
+                .is_some_and(|bpe| bpe.push_word(&bytes[i..end], ids));
+            if !merged {
+                word.clear();
+                word.extend(bytes[i..end].iter().map(|&b| self.byte_char[b as usize]));
+                for t in model.tokenize(&word).map_err(|e| e.to_string())? {
+                    ids.push(t.id);
+                }
             }
             i = end;
         }
@@ -140,7 +153,7 @@ impl FastEncoder {
 
 /// GPT-2's bytes-to-unicode table (HF `ByteLevel`): printable Latin-1 bytes stand for
 /// themselves, the other 68 bytes for U+0100 onwards in byte order.
-fn byte_level_alphabet() -> [char; 256] {
+pub(crate) fn byte_level_alphabet() -> [char; 256] {
     let mut out = ['\0'; 256];
     let mut next = 256u32;
     for (b, slot) in out.iter_mut().enumerate() {

@@ -23,6 +23,7 @@
 //! Nothing here uses the network.
 
 pub mod blocks;
+pub mod bpe;
 pub mod chat;
 pub mod error;
 pub mod fast;
