@@ -260,7 +260,16 @@ fn request_id(shared: &Shared, req: &Request) -> String {
         return String::from_utf8_lossy(v).into_owned();
     }
     let seq = shared.seq.load(Ordering::Relaxed);
-    format!("{:016x}{:016x}", rand::random::<u64>(), seq)
+    // As `format!("{:016x}{:016x}", random, seq)`, without the formatting machinery (~1.9k
+    // instructions of a ~68k request: callgrind, perf/runs/2026-12-01-proxy).
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = String::with_capacity(32);
+    for n in [rand::random::<u64>(), seq] {
+        for shift in (0..16).rev() {
+            id.push(HEX[((n >> (shift * 4)) & 0xf) as usize] as char);
+        }
+    }
+    id
 }
 
 /// True when no client keys are configured, or `Authorization: Bearer KEY` names one

@@ -54,7 +54,8 @@ pub enum BodyKind {
 /// only.
 pub trait ResponseSink {
     /// Writes the response head: `status`, end-to-end `headers` (in order), and how the body
-    /// follows.
+    /// follows. A sink may hold the head until the next `send_data`, `finish` or `flush`, to
+    /// write it with the first body bytes.
     ///
     /// # Errors
     /// The client's connection failed (it went away).
@@ -76,6 +77,13 @@ pub trait ResponseSink {
     /// # Errors
     /// The client's connection failed.
     fn finish(&mut self) -> impl Future<Output = io::Result<()>>;
+
+    /// Writes whatever the sink holds (a head waiting for its first body bytes). Called
+    /// before waiting on anything else, so a held head never waits on the worker.
+    ///
+    /// # Errors
+    /// The client's connection failed.
+    fn flush(&mut self) -> impl Future<Output = io::Result<()>>;
 
     /// Resolves once the client has gone (EOF or reset), so work done for it can be cancelled
     /// (bug-cases.md B41). Never resolves while the client is there.

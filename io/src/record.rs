@@ -113,6 +113,11 @@ impl Drop for Record<'_> {
         {
             m.on_worker_hit_outcome(w, p, s);
         }
+        // The access line's fields are built only when it is logged (RUST_LOG=warn, as in
+        // perf/compare.sh, skips them).
+        if !tracing::enabled!(target: "kvroute::access", tracing::Level::INFO) {
+            return;
+        }
         let worker = self.worker.map(|w| w.to_string()).unwrap_or_default();
         tracing::info!(
             target: "kvroute::access",

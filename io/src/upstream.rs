@@ -163,6 +163,9 @@ pub fn build_request(
     out
 }
 
+/// Prefix of the headers kvroute sets itself.
+const X_KVROUTE: &str = "x-kvroute-";
+
 /// The end-to-end headers of a worker's response, for the client: hop-by-hop headers, those
 /// named in its `Connection` header, and any `x-kvroute-*` or `x-request-id` it set removed
 /// (kvroute sets those itself). Headers the `http` types refuse are dropped.
@@ -177,7 +180,9 @@ pub fn response_headers(head: &ResponseHead) -> Vec<(http::HeaderName, http::Hea
         .filter(|(n, _)| {
             !http1::is_hop_by_hop(n)
                 && !named.iter().any(|x| x.eq_ignore_ascii_case(n.as_bytes()))
-                && !n.to_ascii_lowercase().starts_with("x-kvroute-")
+                && !n
+                    .get(..X_KVROUTE.len())
+                    .is_some_and(|p| p.eq_ignore_ascii_case(X_KVROUTE))
                 && !n.eq_ignore_ascii_case("x-request-id")
         })
         .filter_map(|(n, v)| {
