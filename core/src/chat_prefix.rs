@@ -795,7 +795,7 @@ mod tests {
         routed(&mut s, &b1).unwrap();
         let good = serde_json::to_vec(&json!({"model": "m", "messages": [m("a"), m("b"), m("c")]}))
             .unwrap();
-        let cut = good.len() - 2; // `…"c"}]}` → `…"c"` + garbage
+        let cut = good.len() - 2; // `…"c"}]}` → `…"c"}` + each tail
         for tail in [
             &b"]}"[..],
             b"}",

@@ -7,6 +7,8 @@
 //!   shards, changed at run time; [`workers::LoadGuard`] is the RAII token that counts one
 //!   request, [`health`] the breaker, health and retry state machines.
 //! - [`route_key::RouteKey`]: what routing needs from a request body.
+//! - [`chat_prefix::ChatCache`]: a chat turn's key and token ids from the state after its
+//!   previous messages.
 //! - [`tokens::Tokenizers`] / [`tokens::ShardTokenizers`]: token ids for routing (body,
 //!   `x-kvroute-routing-tokens` header, or the rendered prompt tokenized incrementally).
 //! - [`policy::Router`]: `decide(snapshot, key, rng) -> Decision`, a read-only function of

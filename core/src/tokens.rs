@@ -219,7 +219,8 @@ impl ShardTokenizers {
         header: Option<&[u8]>,
         tokenize: &dyn Fn(&RouteKey) -> bool,
     ) -> Result<(RouteKey, Attached), CoreError> {
-        let chat = endpoint == Endpoint::ChatCompletions && header.is_none();
+        let has_tokenizer = self.default.is_some() || !self.by_model.is_empty();
+        let chat = endpoint == Endpoint::ChatCompletions && header.is_none() && has_tokenizer;
         if chat && let Some(r) = self.route_cached(body, tokenize) {
             let (key, reused_tokens) = r?;
             let attached = Attached {

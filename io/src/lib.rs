@@ -9,7 +9,8 @@
 //! - [`upstream::Pool`]: one shard's idle worker connections.
 //!
 //! A request reads top to bottom in [`exchange`]: a transport ([`http1::server`]) parses it
-//! → routing key (`kvroute_core::route_key`) → decide (`kvroute_core::policy`, read-only) →
+//! → routing key and token ids (`kvroute_core::tokens::ShardTokenizers::route`: the chat
+//! prefix cache, else `kvroute_core::route_key` then the tokenizer) → decide (`kvroute_core::policy`, read-only) →
 //! load guard → forward ([`upstream`], retried elsewhere before the first byte) → record →
 //! relay ([`relay`]) → [`record::Record`] on drop (metrics, access log). Arrows:
 //! [`http1`] → [`exchange`] → [`message`]; the exchange never imports a transport.
