@@ -55,6 +55,11 @@ use xxhash_rust::xxh3::Xxh3;
 /// messages, and bounds a miss to 64 hash-map probes (~2 µs).
 pub const MAX_PROBES: usize = 64;
 
+/// On a miss, a message end is cached only when the template text after it is at most this
+/// long, bytes: its token count is found by tokenizing that text again (~0.2 µs per 4-byte
+/// token), so a long last message (a grown single-message prompt) is not tokenized twice.
+pub const MAX_SUFFIX_BYTES: usize = 4096;
+
 /// Message ends cached per request, counted from its end: the last message (what the next
 /// turn reuses) and the two before it (reused when a client regenerates or edits the last
 /// turn). Mirrors `kvroute_tokenize::incremental::ENTRIES_PER_PROMPT`.
@@ -530,10 +535,9 @@ impl ShardTokenizers {
 
     /// The miss path for a chat `body` that `key` was parsed from (by
     /// [`crate::route_key::route_key`], so the body is valid): the template text rendered
-    /// message by message, the head (all but the last [`ENTRIES_PER_REQUEST`] messages)
-    /// through the incremental tokenizer (so a document shared with other conversations is
-    /// reused), each later message and the generation prompt on their own, and the last
-    /// message ends cached. Returns the tokens reused, or `None` when out of scope (the caller
+    /// message by message, the whole prompt through the incremental tokenizer (as
+    /// [`ShardTokenizers::attach`] does), and the last message ends cached (see
+    /// [`MAX_SUFFIX_BYTES`]). Returns the tokens reused, or `None` when out of scope (the caller
     /// then renders through the chat template as before).
     pub(crate) fn route_miss(
         &mut self,
@@ -573,33 +577,32 @@ impl ShardTokenizers {
             ends.push(rendered.len());
             wrapped.push(w);
         }
-        let head = count.saturating_sub(ENTRIES_PER_REQUEST);
-        let (mut ids, reused) = match head {
-            0 => (Vec::new(), 0),
-            h => match t.encode(&rendered[..ends[h - 1]], key.namespace) {
-                Ok(e) => (e.ids, e.reused_tokens),
-                Err(e) => return Some(Err(e)),
-            },
-        };
-        for j in 0..count {
-            if j >= head {
-                let from = if j == 0 { 0 } else { ends[j - 1] };
-                match t.tokenizer().try_encode(&rendered[from..ends[j]]) {
-                    Ok(v) => ids.extend(v),
-                    Err(e) => return Some(Err(e)),
-                }
-            }
-            b.push_tokens(ids.len(), wrapped[j]);
-        }
-        let upto = ids.len();
-        rendered.clear();
         native::render_generation(&mut rendered, parsed.opts);
-        if !rendered.is_empty() {
-            match t.tokenizer().try_encode(&rendered) {
-                Ok(v) => ids.extend(v),
-                Err(e) => return Some(Err(e)),
+        // The whole prompt through the incremental tokenizer, as `attach` tokenizes it (a
+        // growing single-message prompt reuses its text anchors there).
+        let (ids, reused) = match t.encode(&rendered, key.namespace) {
+            Ok(e) => (e.ids, e.reused_tokens),
+            Err(e) => return Some(Err(e)),
+        };
+        // Tokens up to each of the last message ends, from the end: at a template cut the ids
+        // of the whole are the ids of the part before it then those of the part after it.
+        // Only short suffixes are tokenized again for this, so a long last message is not
+        // paid twice; a message end without a count is not cached.
+        let mut tokens = vec![None; count];
+        for j in (count.saturating_sub(ENTRIES_PER_REQUEST)..count).rev() {
+            let suffix = &rendered[ends[j]..];
+            if suffix.len() > MAX_SUFFIX_BYTES {
+                break;
+            }
+            match t.tokenizer().try_encode(suffix) {
+                Ok(v) if v.len() <= ids.len() => tokens[j] = Some(ids.len() - v.len()),
+                _ => break,
             }
         }
+        for (j, n) in tokens.iter().enumerate() {
+            b.push_tokens(n.unwrap_or(0), wrapped[j] || n.is_none());
+        }
+        let upto = tokens.iter().flatten().copied().max().unwrap_or(0);
         let cached = Cached {
             key: layout.key,
             tokenizer: t.cache_id(),
@@ -634,7 +637,8 @@ struct Boundaries {
     tokens: Vec<usize>,
     text_len: Vec<usize>,
     media_len: Vec<usize>,
-    /// The message was rendered in a `<think>` block ([`native::think_wrapped`]).
+    /// Not to be cached: the message was rendered in a `<think>` block
+    /// ([`native::think_wrapped`]), or (on a miss) its end's token count is unknown.
     wrapped: Vec<bool>,
     last_query: Vec<Option<usize>>,
     /// The message would be wrapped if it were a body's last.
@@ -785,6 +789,27 @@ mod tests {
         let generation = qwen().encode("<|im_start|>assistant\n").len();
         assert_eq!(a2.reused, k1.input_ids.as_ref().unwrap().len() - generation);
         assert_eq!((k2, false), reference(&mut r, &b2).unwrap());
+    }
+
+    #[test]
+    fn a_grown_single_message_still_reuses_its_text_anchors() {
+        // Replayed traces (Mooncake) send each turn as one message extending the last: no
+        // message end is shared, so the chat prefix cache misses and the incremental
+        // tokenizer's text anchors must still reuse the old text.
+        let (mut s, mut r) = (shard(1 << 20), shard(0));
+        let words: String = (0..400)
+            .map(|i| format!("word{} and more ", i % 37))
+            .collect();
+        let one = |t: &str| {
+            serde_json::to_vec(&json!({"messages": [{"role": "user", "content": t}]})).unwrap()
+        };
+        let (_, a1) = routed(&mut s, &one(&words)).unwrap();
+        assert_eq!(a1.reused, 0);
+        let grown = format!("{words} then a new question?");
+        let (k2, a2) = routed(&mut s, &one(&grown)).unwrap();
+        assert_eq!(stats(&s), (0, 2));
+        assert!(a2.reused > 1000, "{}", a2.reused);
+        assert_eq!((k2, false), reference(&mut r, &one(&grown)).unwrap());
     }
 
     #[test]
