@@ -40,9 +40,7 @@
 //! O(evicted).
 
 use crate::CoreError;
-use crate::route_key::{
-    Endpoint, Messages, RouteKey, TokenSource, key_from_fields, message_text, parse_fields,
-};
+use crate::route_key::{Endpoint, Messages, RouteKey, TokenSource, key_from_fields, parse_fields};
 use crate::tokens::ShardTokenizers;
 use kvroute_tokenize::native::{self, PlainMessage, RenderOptions};
 use kvroute_tokenize::{IncrementalTokenizer, TokenizeError};
@@ -86,20 +84,18 @@ struct Prefix {
     /// Token ids of the template text of the covered messages: `ids[..tokens]`.
     ids: Arc<Vec<u32>>,
     tokens: usize,
-    /// Routing text ([`RouteKey::text`]) of the covered messages: `text[..text_len]`.
+    /// Routing text ([`RouteKey::text`]) of the covered messages: `text[..text_len]`. (Their
+    /// media keys are none: a message in scope has string content.)
     text: Arc<String>,
     text_len: usize,
-    /// Media keys of the covered messages: `media[..media_len]`.
-    media: Arc<Vec<u64>>,
-    media_len: usize,
 }
 
 impl Prefix {
-    /// Budget charge, token-equivalents: ids, plus the text at 4 bytes and media keys at 2
-    /// per token. Charged per entry although entries of one request share buffers, so the
-    /// budget bounds memory from above.
+    /// Budget charge, token-equivalents: ids, plus the text at 4 bytes per token. Charged per
+    /// entry although entries of one request share buffers, so the budget bounds memory from
+    /// above.
     fn cost(&self) -> usize {
-        self.tokens + self.text_len.div_ceil(4) + 2 * self.media_len
+        self.tokens + self.text_len.div_ceil(4)
     }
 }
 
@@ -233,7 +229,7 @@ fn lock(cache: &SharedChatCache) -> std::sync::MutexGuard<'_, ChatCache> {
 /// Candidate message ends of `body`: just past each `}` followed (after whitespace) by `,` or
 /// `]`, with the xxh3-128 hash of the bytes before it; only the last [`MAX_PROBES`] are
 /// hashed, in one streaming pass.
-fn candidates(body: &[u8]) -> Vec<(usize, u128)> {
+pub(crate) fn candidates(body: &[u8]) -> Vec<(usize, u128)> {
     let mut ends: Vec<usize> = memchr::memchr_iter(b'}', body)
         .filter(|&i| matches!(body.get(skip_ws(body, i + 1)), Some(b',' | b']')))
         .map(|i| i + 1)
@@ -461,13 +457,14 @@ impl ShardTokenizers {
     /// errors. `tokenize(key)` says whether the request is to be tokenized at all (a known
     /// model); when it says no, the key is returned in text mode. Else the key carries its
     /// ids, and the second value is the prefix tokens reused.
+    /// `cands` are [`candidates`] of `body`.
     pub(crate) fn route_cached(
         &mut self,
         body: &[u8],
+        cands: &[(usize, u128)],
         tokenize: &dyn Fn(&RouteKey) -> bool,
     ) -> Option<Result<(RouteKey, usize), CoreError>> {
-        let cands = candidates(body);
-        let prefix = lock(&self.chat).lookup(&cands)?;
+        let prefix = lock(&self.chat).lookup(cands)?;
         let layout = scan_rest(body, prefix.bytes, prefix.key)?;
         let others = other_fields(body, &layout);
         let parsed = parse_in_scope(body, &layout, &others)?;
@@ -477,20 +474,18 @@ impl ShardTokenizers {
         let mut fields = parse_fields(&others).ok()?;
         let mut text = String::with_capacity(prefix.text_len + body.len() - prefix.bytes);
         text.push_str(&prefix.text[..prefix.text_len]);
-        let mut media = prefix.media[..prefix.media_len].to_vec();
         let first = prefix.messages;
         let count = first + parsed.msgs.len();
-        let mut last_query = prefix.last_query;
         let mut b = Boundaries::default();
-        for (j, (&(s, e), m)) in layout.elems.iter().zip(&parsed.msgs).enumerate() {
-            message_text(&body[s..e], &mut text, &mut media)?;
-            if m.is_query() {
-                last_query = Some(first + j);
-            }
-            b.push_text(e, text.len(), media.len(), last_query, m, first + j);
-        }
-        let message_media = media.len();
-        fields.messages = Some(Messages::List(text, media));
+        let last_query = flatten(
+            &parsed,
+            &layout,
+            first,
+            prefix.last_query,
+            Some(&mut text),
+            &mut b,
+        );
+        fields.messages = Some(Messages::List(text, Vec::new()));
         let mut key = match key_from_fields(Endpoint::ChatCompletions, fields) {
             Ok(k) => k,
             Err(e) => return Some(Err(e)),
@@ -524,9 +519,8 @@ impl ShardTokenizers {
             tokenizer: t.cache_id(),
             ids: &ids[..upto],
             text: &key.text,
-            media: &key.image_keys[..message_media],
         };
-        insert(&chat, body, &cands, &b, first, &cached);
+        insert(&chat, body, cands, &b, first, &cached);
         key.input_ids = Some(ids).filter(|v| !v.is_empty());
         if key.input_ids.is_some() {
             key.token_source = TokenSource::Prompt;
@@ -539,10 +533,11 @@ impl ShardTokenizers {
     /// message by message, the whole prompt through the incremental tokenizer (as
     /// [`ShardTokenizers::attach`] does), and the last message ends cached (see
     /// [`MAX_SUFFIX_BYTES`]). Returns the tokens reused, or `None` when out of scope (the caller
-    /// then renders through the chat template as before).
+    /// then renders through the chat template as before). `cands` are [`candidates`] of `body`.
     pub(crate) fn route_miss(
         &mut self,
         body: &[u8],
+        cands: &[(usize, u128)],
         key: &mut RouteKey,
     ) -> Option<Result<usize, TokenizeError>> {
         let layout = scan_body(body)?;
@@ -554,19 +549,10 @@ impl ShardTokenizers {
         }
         let chat = Arc::clone(&self.chat);
         let t = native(self.for_model(&key.model))?;
-        let last_query_all = parsed.msgs.iter().rposition(PlainMessage::is_query);
         let mut b = Boundaries::default();
-        let (mut text, mut media) = (String::new(), Vec::new());
-        let mut last_query = None;
-        for (j, (&(s, e), m)) in layout.elems.iter().zip(&parsed.msgs).enumerate() {
-            message_text(&body[s..e], &mut text, &mut media)?;
-            if m.is_query() {
-                last_query = Some(j);
-            }
-            b.push_text(e, text.len(), media.len(), last_query, m, j);
-        }
+        let last_query_all = flatten(&parsed, &layout, 0, None, None, &mut b);
         // The same flattening as route_key's (a check, not an expectation of a difference).
-        if text != key.text || key.image_keys.get(..media.len()) != Some(&media[..]) {
+        if b.text_len.last() != Some(&key.text.len()) {
             return None;
         }
         let mut rendered = String::new();
@@ -608,10 +594,9 @@ impl ShardTokenizers {
             key: layout.key,
             tokenizer: t.cache_id(),
             ids: &ids[..upto],
-            text: &text,
-            media: &media,
+            text: &key.text,
         };
-        insert(&chat, body, &[], &b, 0, &cached);
+        insert(&chat, body, cands, &b, 0, &cached);
         key.input_ids = Some(ids).filter(|v| !v.is_empty());
         if key.input_ids.is_some() {
             key.token_source = TokenSource::Prompt;
@@ -621,26 +606,24 @@ impl ShardTokenizers {
 }
 
 /// What a request's cached prefixes share: the `messages` key's offset, the tokenizer, and
-/// the ids, routing text and media keys up to its last cached message end.
+/// the ids and routing text up to (at least) its last cached message end.
 struct Cached<'a> {
     key: usize,
     tokenizer: usize,
     ids: &'a [u32],
     text: &'a str,
-    media: &'a [u64],
 }
 
 /// Per message of a request (from its first new one): where it ends in the body, and the
-/// ids, routing text and media keys up to its end.
+/// ids and routing text up to its end.
 #[derive(Default)]
 struct Boundaries {
     body_end: Vec<usize>,
     tokens: Vec<usize>,
     text_len: Vec<usize>,
-    media_len: Vec<usize>,
     /// Not to be cached: the message was rendered in a `<think>` block
     /// ([`native::think_wrapped`]), or (on a miss) its end's token count is unknown.
-    wrapped: Vec<bool>,
+    skip: Vec<bool>,
     last_query: Vec<Option<usize>>,
     /// The message would be wrapped if it were a body's last.
     wrappable: Vec<bool>,
@@ -651,23 +634,51 @@ impl Boundaries {
         &mut self,
         end: usize,
         text: usize,
-        media: usize,
         last_query: Option<usize>,
         m: &PlainMessage<'_>,
         index: usize,
     ) {
         self.body_end.push(end);
         self.text_len.push(text);
-        self.media_len.push(media);
         self.last_query.push(last_query);
         self.wrappable
             .push(m.role == "assistant" && last_query.is_some_and(|q| index > q));
     }
 
-    fn push_tokens(&mut self, tokens: usize, wrapped: bool) {
+    fn push_tokens(&mut self, tokens: usize, skip: bool) {
         self.tokens.push(tokens);
-        self.wrapped.push(wrapped);
+        self.skip.push(skip);
     }
+}
+
+/// The routing text of messages `parsed.msgs` (message `first + j` each) as
+/// [`crate::route_key::route_key`] flattens them: `<|role|>` + content, appended to `text`
+/// when given (a message in scope has string content, so no media keys). Notes each message
+/// end in `b`, text lengths counted from `b`'s last; returns the index of the last real user
+/// query, `last_query` if none is new.
+fn flatten(
+    parsed: &Parsed<'_>,
+    layout: &Layout,
+    first: usize,
+    mut last_query: Option<usize>,
+    mut text: Option<&mut String>,
+    b: &mut Boundaries,
+) -> Option<usize> {
+    let mut len = text.as_ref().map_or(0, |t| t.len());
+    for (j, (m, &(_, end))) in parsed.msgs.iter().zip(&layout.elems).enumerate() {
+        if let Some(t) = text.as_mut() {
+            t.push_str("<|");
+            t.push_str(&m.role);
+            t.push_str("|>");
+            t.push_str(&m.content);
+        }
+        len += 4 + m.role.len() + m.content.len();
+        if m.is_query() {
+            last_query = Some(first + j);
+        }
+        b.push_text(end, len, last_query, m, first + j);
+    }
+    last_query
 }
 
 /// Caches the last [`ENTRIES_PER_REQUEST`] message ends of `b` (boundary `j` is the end of
@@ -687,10 +698,9 @@ fn insert(
     }
     let ids = Arc::new(c.ids.to_vec());
     let text = Arc::new(c.text.to_string());
-    let media = Arc::new(c.media.to_vec());
     let mut out = Vec::with_capacity(ENTRIES_PER_REQUEST);
     for j in n.saturating_sub(ENTRIES_PER_REQUEST)..n {
-        if b.wrapped[j] {
+        if b.skip[j] {
             continue;
         }
         let bytes = b.body_end[j];
@@ -709,8 +719,6 @@ fn insert(
             tokens: b.tokens[j],
             text: Arc::clone(&text),
             text_len: b.text_len[j],
-            media: Arc::clone(&media),
-            media_len: b.media_len[j],
         };
         out.push((hash, p));
     }

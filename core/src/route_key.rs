@@ -222,7 +222,7 @@ enum Top<'a> {
 pub(crate) struct Fields<'a> {
     model: Option<Cow<'a, str>>,
     stream: Option<bool>,
-    /// `messages`, flattened ([`Messages::List`] is what [`message_text`] builds too).
+    /// `messages`, flattened (`crate::chat_prefix` sets it from the messages it parsed).
     pub(crate) messages: Option<Messages>,
     prompt: Option<Prompt<'a>>,
     text: Option<Prompt<'a>>,
@@ -469,38 +469,6 @@ impl<'de> Visitor<'de> for TopVisitor {
 }
 deserialize_any_with!(Top<'de>, TopVisitor);
 
-/// Appends one message object's routing text (`<|role|>` + its content text) to `text` and
-/// its media keys to `media`, exactly as [`route_key`] flattens each element of `messages`.
-/// `json` is the message's bytes; `None` when they are not one JSON object.
-pub(crate) fn message_text(json: &[u8], text: &mut String, media: &mut Vec<u64>) -> Option<()> {
-    let Message::Object {
-        role,
-        content,
-        media: m,
-    } = serde_json::from_slice::<Message<'_>>(json).ok()?
-    else {
-        return None;
-    };
-    push_message(text, media, role.as_deref(), &content, m);
-    Some(())
-}
-
-fn push_message(
-    text: &mut String,
-    media: &mut Vec<u64>,
-    role: Option<&str>,
-    content: &[Cow<'_, str>],
-    m: Vec<u64>,
-) {
-    media.extend(m);
-    text.push_str("<|");
-    text.push_str(role.unwrap_or(""));
-    text.push_str("|>");
-    for part in content {
-        text.push_str(part);
-    }
-}
-
 /// `messages`: appends `<|role|>` + content text per message straight into one `String`.
 struct MessagesVisitor;
 impl<'de> Visitor<'de> for MessagesVisitor {
@@ -519,7 +487,13 @@ impl<'de> Visitor<'de> for MessagesVisitor {
                     content,
                     media: m,
                 } if all_objects => {
-                    push_message(&mut text, &mut media, role.as_deref(), &content, m)
+                    media.extend(m);
+                    text.push_str("<|");
+                    text.push_str(role.as_deref().unwrap_or(""));
+                    text.push_str("|>");
+                    for part in content {
+                        text.push_str(&part);
+                    }
                 }
                 Message::Object { .. } => {}
                 Message::NotObject => all_objects = false,

@@ -17,7 +17,7 @@
 //! cache is shared between cores.
 
 use crate::CoreError;
-use crate::chat_prefix::{ChatCache, SharedChatCache};
+use crate::chat_prefix::{ChatCache, SharedChatCache, candidates};
 use crate::config::Config;
 use crate::route_key::{Endpoint, RouteKey, TokenSource, route_key};
 use kvroute_tokenize::incremental::{PrefixCache, SharedPrefixCache};
@@ -221,7 +221,9 @@ impl ShardTokenizers {
     ) -> Result<(RouteKey, Attached), CoreError> {
         let has_tokenizer = self.default.is_some() || !self.by_model.is_empty();
         let chat = endpoint == Endpoint::ChatCompletions && header.is_none() && has_tokenizer;
-        if chat && let Some(r) = self.route_cached(body, tokenize) {
+        // Candidate message ends and their hashes: one pass, for the lookup and the inserts.
+        let cands = if chat { candidates(body) } else { Vec::new() };
+        if chat && let Some(r) = self.route_cached(body, &cands, tokenize) {
             let (key, reused_tokens) = r?;
             let attached = Attached {
                 reused_tokens,
@@ -235,7 +237,7 @@ impl ShardTokenizers {
         }
         if chat
             && key.input_ids.is_none()
-            && let Some(r) = self.route_miss(body, &mut key)
+            && let Some(r) = self.route_miss(body, &cands, &mut key)
         {
             let mut attached = Attached::default();
             match r {
