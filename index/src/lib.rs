@@ -15,6 +15,7 @@
 //! | [`keys`] | block keys: chained xxh3-64 of full blocks (`kv-events.md` §7) |
 //! | [`positional`] | [`EventIndex`], [`EventWriter`]: engine events → per-worker overlap |
 //! | [`hash_index`] | [`HashIndex`]: `--cache-index hash` |
+//! | [`peer_pages`] | [`PeerPages`]: page keys other router replicas reported (replica sync) |
 //! | [`left_right`] | [`LeftRight`]: two copies, readers never wait, one writer at a time |
 //! | [`reference`](mod@reference) | brute-force models used by tests and benches as ground truth |
 //!
@@ -36,6 +37,7 @@ pub mod hash_index;
 pub mod keys;
 pub mod left_right;
 pub mod mix;
+pub mod peer_pages;
 pub mod positional;
 mod radix;
 pub mod reference;
@@ -44,6 +46,7 @@ mod table;
 pub mod token_tree;
 
 pub use hash_index::{HashIndex, HashIndexConfig};
+pub use peer_pages::{PeerPages, PeerPagesConfig};
 pub use left_right::LeftRight;
 pub use positional::{EventIndex, EventIndexConfig, EventWriter, Overlap};
 pub use string_tree::{MAX_MATCH_TENANTS, PrefixMatch, StringTree};
