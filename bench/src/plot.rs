@@ -742,6 +742,7 @@ mod tests {
             seed: DEFAULT_SEED,
             event_delay_ms: DEFAULT_EVENT_DELAY_MS,
             replicas: 1,
+            sync_delay_ms: None,
             spread_secs: DEFAULT_SPREAD_SECS,
             wire_events: false,
         };

@@ -39,6 +39,7 @@ use kvroute_core::load::active::Booking;
 use kvroute_core::metrics::HitTokens;
 use kvroute_core::policy::{Decision, Reason, Router, Snapshot, WorkerLoad};
 use kvroute_core::route_key::RouteKey;
+use kvroute_core::sync::{self, SyncMsg};
 use kvroute_core::workers::LoadGuard;
 use kvroute_core::workers::Workers;
 use rand::SeedableRng;
@@ -195,6 +196,11 @@ pub struct SimConfig {
     /// With events, every replica reads the same event index (each would subscribe to every
     /// engine and index the same events).
     pub replicas: usize,
+    /// Replica sync ([`kvroute_core::sync`]): with `Some(d)`, every replica sends its peers
+    /// what it routed (booking, page keys), each first token and each end, and a peer
+    /// applies a message `d` virtual ms after it was sent (≥ 0; `kvroute simulate
+    /// --sync-delay-ms`, the live form's NATS). `None`: replicas share nothing.
+    pub sync_delay_ms: Option<f64>,
     /// Closed loop: conversation `c` sends its first request at `(offset_c + think) /
     /// time_scale` (think = that request's `think_ms`, 0 in the WEKA files), the offsets drawn uniform in `[0, spread_secs)` s from `seed` (the same for every policy);
     /// ≥ 0. Default [`DEFAULT_SPREAD_SECS`].
@@ -211,7 +217,7 @@ pub enum SimError {
     /// `engines` or `replicas` is 0.
     #[error("the simulator needs at least one engine and one router replica")]
     NoEngines,
-    /// `time_scale`, `event_delay_ms` or `spread_secs` out of range.
+    /// `time_scale`, `event_delay_ms`, `sync_delay_ms` or `spread_secs` out of range.
     #[error("{field} must be finite and {rule}, got {value}")]
     BadParameter {
         /// Which.
@@ -258,6 +264,12 @@ pub struct SimReport {
     pub index_drift: Option<IndexDrift>,
     /// Blocks the engines evicted, summed.
     pub evicted_blocks: u64,
+    /// Replica sync messages applied, by outcome ([`sync::Applied::as_str`]); empty
+    /// without sync.
+    pub sync_applied: BTreeMap<&'static str, u64>,
+    /// Peer requests still booked on any replica after the run (0: every booking a peer
+    /// made was released exactly once).
+    pub peer_requests_left: u64,
     /// Each engine's prefill curve as the first router replica learned it by the end:
     /// predicted ms of one request's prefill of 1,024 / 8,192 / 32,768 new tokens (idle
     /// worker, no decode) and the samples learned from ([`kvroute_core::load::timing`]).
@@ -372,6 +384,10 @@ struct Slot {
 struct Live {
     /// Its count and booking on its replica's worker registry, until it finishes.
     load: LoadGuard,
+    /// The replica that routed it.
+    replica: usize,
+    /// The worker's URL (sync messages name workers by URL).
+    worker_url: String,
     arrival_ms: f64,
     reason: Reason,
 }
@@ -486,6 +502,9 @@ pub fn simulate(
         ">= 0",
         cfg.event_delay_ms,
     )?;
+    if let Some(d) = cfg.sync_delay_ms {
+        check("sync_delay_ms", d.is_finite() && d >= 0.0, ">= 0", d)?;
+    }
     check(
         "spread_secs",
         cfg.spread_secs.is_finite() && cfg.spread_secs >= 0.0,
@@ -552,9 +571,22 @@ pub fn simulate(
         load_cv: 0.0,
         sticky: Sticky::default(),
         arrival_ms: vec![f64::NAN; records.len()],
+        sync_applied: BTreeMap::new(),
+        peer_requests_left: 0,
     };
     // (due, worker, seq, batch): FIFO is time order (constant delay).
     let mut events: VecDeque<(f64, usize, u64, Payload)> = VecDeque::new();
+    // Replica sync: (due, to replica, message), FIFO in time order (constant delay). Replica
+    // r's origin id is r + 1.
+    let mut sync_q: VecDeque<(f64, usize, SyncMsg)> = VecDeque::new();
+    let n_replicas = replicas.len();
+    let publish = |q: &mut VecDeque<(f64, usize, SyncMsg)>, from: usize, at: f64, msg: SyncMsg| {
+        if let Some(d) = cfg.sync_delay_ms {
+            for to in (0..n_replicas).filter(|&to| to != from) {
+                q.push_back((at + d, to, msg.clone()));
+            }
+        }
+    };
 
     // Arrivals. Open loop: slice order, at timestamp / time_scale. Closed loop: a heap of
     // due requests; a conversation's next request is pushed when its previous one ends.
@@ -610,6 +642,7 @@ pub fn simulate(
         let t = [
             slots.iter().filter_map(|s| s.busy_until).reduce(f64::min),
             events.front().map(|e| e.0),
+            sync_q.front().map(|m| m.0),
             (next_open < open.len()).then(|| arrival(open[next_open])),
             due.peek().map(|d| d.0.ms),
             next_poll.filter(|_| more),
@@ -633,6 +666,12 @@ pub fn simulate(
                     s.cached_tokens = u64::from(p.cached_tokens);
                     l.load.served(s.prompt_tokens, s.cached_tokens);
                     l.load.first_token(t);
+                    let msg = SyncMsg::FirstToken {
+                        origin: l.replica as u64 + 1,
+                        req: id,
+                        worker: l.worker_url.clone(),
+                    };
+                    publish(&mut sync_q, l.replica, t, msg);
                     s.ttft_us = Some(((t - l.arrival_ms) * 1e3) as u64);
                     if let Some(predicted) = l.reason.predicted_cached_tokens(s.prompt_tokens) {
                         report.hit_tokens.add(predicted, s.cached_tokens);
@@ -643,7 +682,14 @@ pub fn simulate(
                     s.e2e_us = ((t - l.arrival_ms) * 1e3) as u64;
                     s.status = Some(200);
                     s.usage_seen = true;
-                    live.remove(&id);
+                    if let Some(l) = live.remove(&id) {
+                        let msg = SyncMsg::Done {
+                            origin: l.replica as u64 + 1,
+                            req: id,
+                            worker: l.worker_url,
+                        };
+                        publish(&mut sync_q, l.replica, t, msg);
+                    }
                     next_turn(id as usize, t, &mut due);
                 }
             }
@@ -679,6 +725,13 @@ pub fn simulate(
                     worker.set_cached_blocks(Some(blocks));
                 }
             }
+        }
+        // 2b. Sync messages due reach their replica.
+        while sync_q.front().is_some_and(|m| m.0 <= t) {
+            let (_, to, msg) = sync_q.pop_front().expect("front checked");
+            let (router, workers) = &replicas[to];
+            let applied = sync::apply(&msg, to as u64 + 1, router, workers, t);
+            *report.sync_applied.entry(applied.as_str()).or_default() += 1;
         }
         // 3. Load reports: every replica reads every engine's running + waiting now.
         if next_poll.is_some_and(|p| p <= t) {
@@ -721,7 +774,8 @@ pub fn simulate(
             // runs that see the same candidates and loads for it decide the same, and runs of
             // different policies diverge only where their indexes differ.
             let mut rng = StdRng::seed_from_u64(stream_base.wrapping_add(i as u64));
-            let (router, workers) = &replicas[routed % replicas.len()];
+            let replica = routed % replicas.len();
+            let (router, workers) = &replicas[replica];
             let seq = (routed / replicas.len()) as u64;
             let (d, booking) = route(router, workers, &all_engines, seq, t, &key, &mut rng);
             routed += 1;
@@ -734,13 +788,26 @@ pub fn simulate(
                 .add_request(i as u64, ids, r.output_length)
             {
                 Ok(()) => {
+                    let worker = workers
+                        .get(d.worker)
+                        .expect("sim workers are never removed");
+                    if cfg.sync_delay_ms.is_some() {
+                        let msg = sync::routed(
+                            router,
+                            replica as u64 + 1,
+                            i as u64,
+                            &worker.url,
+                            &key,
+                            &booking,
+                        );
+                        publish(&mut sync_q, replica, t, msg);
+                    }
                     live.insert(
                         i as u64,
                         Live {
-                            load: workers
-                                .get(d.worker)
-                                .expect("sim workers are never removed")
-                                .acquire_booked(booking, t),
+                            worker_url: worker.url.clone(),
+                            load: worker.acquire_booked(booking, t),
+                            replica,
                             arrival_ms: t,
                             reason: d.reason,
                         },
@@ -784,6 +851,17 @@ pub fn simulate(
         }
     }
     debug_assert!(live.is_empty(), "every routed request finishes");
+    // Messages still on their way when the last request ended (its Done) are delivered.
+    while let Some((_, to, msg)) = sync_q.pop_front() {
+        let (router, workers) = &replicas[to];
+        let applied = sync::apply(&msg, to as u64 + 1, router, workers, last_ms);
+        *report.sync_applied.entry(applied.as_str()).or_default() += 1;
+    }
+    report.peer_requests_left = replicas
+        .iter()
+        .flat_map(|(_, w)| w.iter())
+        .map(|w| w.peer_requests() as u64)
+        .sum();
     let rcfg = ReplayConfig {
         url: "sim".into(),
         model: cfg.engine.model_name.clone(),
@@ -902,6 +980,7 @@ mod tests {
             seed: DEFAULT_SEED,
             event_delay_ms: DEFAULT_EVENT_DELAY_MS,
             replicas: 1,
+            sync_delay_ms: None,
             spread_secs: DEFAULT_SPREAD_SECS,
             wire_events: true,
         }
@@ -1034,6 +1113,51 @@ mod tests {
             text.replay.hit_rate
         );
         assert!(text.hit_tokens.unannounced > 10 * events.hit_tokens.unannounced.max(1));
+    }
+
+    /// Replica sync (issue 16): two replicas that send each other what they routed keep the
+    /// text tree's hit rate within one point of a single router, over 20 workload seeds,
+    /// where two without sync lose more than five; every peer booking is released exactly
+    /// once (none left, no message for a request not booked, no unknown worker).
+    #[test]
+    fn synced_replicas_route_as_one_router() {
+        let (mut one, mut blind, mut synced) = (0.0, 0.0, 0.0);
+        let seeds = 20;
+        for seed in 0..seeds {
+            let records = builtin_workload(&WorkloadParams {
+                seed,
+                ..WorkloadParams::default()
+            });
+            let run = |replicas: usize, sync_delay_ms: Option<f64>| {
+                let mut cfg = config("cache_aware", 4, 4_096);
+                cfg.replicas = replicas;
+                cfg.sync_delay_ms = sync_delay_ms;
+                simulate(&records, &prompts(), &cfg).unwrap()
+            };
+            one += run(1, None).replay.hit_rate;
+            blind += run(2, None).replay.hit_rate;
+            let r = run(2, Some(1.0));
+            synced += r.replay.hit_rate;
+            assert_eq!(r.peer_requests_left, 0, "seed {seed}");
+            let applied: Vec<_> = r.sync_applied.keys().copied().collect();
+            assert_eq!(applied, vec!["done"], "seed {seed}: {:?}", r.sync_applied);
+            // Each routed request sends Routed, FirstToken and Done to the one peer.
+            assert_eq!(
+                r.sync_applied["done"],
+                3 * (r.replay.requests - r.replay.errors),
+                "seed {seed}"
+            );
+        }
+        let n = seeds as f64;
+        let (one, blind, synced) = (one / n, blind / n, synced / n);
+        assert!(
+            (synced - one).abs() <= 0.01,
+            "one router {one}, two synced {synced}"
+        );
+        assert!(
+            blind < one - 0.05,
+            "one router {one}, two without sync {blind}"
+        );
     }
 
     /// bug-cases.md B9 (Dynamo #737): 8 workers, every request = the same 2,048-token system
@@ -1368,6 +1492,7 @@ mod calibration_tests {
             seed: DEFAULT_SEED,
             event_delay_ms: DEFAULT_EVENT_DELAY_MS,
             replicas: 1,
+            sync_delay_ms: None,
             spread_secs: DEFAULT_SPREAD_SECS,
             wire_events: false,
         };
@@ -1417,6 +1542,7 @@ mod calibration_tests {
                 seed: DEFAULT_SEED,
                 event_delay_ms: DEFAULT_EVENT_DELAY_MS,
                 replicas: 1,
+                sync_delay_ms: None,
                 spread_secs: DEFAULT_SPREAD_SECS,
                 wire_events: false,
             };

@@ -15,6 +15,8 @@
 //!   the request, a [`policy::Snapshot`] of the eligible workers and their loads, and the
 //!   router's indexes; `record(key, decision)` writes the chosen worker into the indexes once
 //!   the request is committed to it.
+//! - [`sync`]: replica sync, the messages several router replicas exchange (booked load,
+//!   page keys) and how a replica applies a peer's.
 //! - [`metrics::Metrics`]: Prometheus counters and histograms.
 
 pub mod chat_prefix;
@@ -26,6 +28,7 @@ pub mod load;
 pub mod metrics;
 pub mod policy;
 pub mod route_key;
+pub mod sync;
 pub mod tokens;
 pub mod workers;
 

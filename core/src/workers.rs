@@ -25,6 +25,7 @@ use crate::health::{
 use crate::load::EngineReport;
 use crate::load::active::{ActiveLoad, ActiveView, Booking};
 use arc_swap::ArcSwap;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -68,6 +69,12 @@ pub struct Worker {
     active: ActiveLoad,
     /// Blocks its engine caches, from KV events; `u64::MAX` = unknown.
     cached_blocks: AtomicU64,
+    /// Requests other router replicas sent and reported (replica sync, [`crate::sync`]), by
+    /// (origin replica, its request id): the booking's id in `active` and when it was booked
+    /// (this router's clock, ms).
+    peers: Mutex<HashMap<(u64, u64), (u64, f64)>>,
+    /// `peers.len()`, read without the lock.
+    peer_requests: AtomicUsize,
 }
 
 impl Worker {
@@ -86,14 +93,95 @@ impl Worker {
         self.foreign.load(Ordering::Relaxed)
     }
 
-    /// Load as policies see it: own in-flight requests + foreign ones.
+    /// Checks the invariants of its active load ([`ActiveLoad::check`]) and that every peer
+    /// booking is one of them (tests).
+    ///
+    /// # Errors
+    /// The number of the broken invariant; 100 when a peer booking is not in the active
+    /// load.
+    pub fn active_check(&self) -> Result<(), u8> {
+        self.active.check()?;
+        let view = self.active.view(0.0);
+        if self.peer_requests() != lock(&self.peers).len()
+            || (view.prefill_requests > self.in_flight() + self.peer_requests())
+        {
+            return Err(100);
+        }
+        Ok(())
+    }
+
+    /// Requests other router replicas reported sending here and not yet ending
+    /// ([`Worker::book_peer`]).
+    pub fn peer_requests(&self) -> usize {
+        self.peer_requests.load(Ordering::Relaxed)
+    }
+
+    /// Load as policies see it: own in-flight requests + peers' + foreign ones.
     pub fn load(&self) -> usize {
-        self.in_flight() + self.foreign()
+        self.in_flight() + self.peer_requests() + self.foreign()
+    }
+
+    /// Books request `req` of peer replica `origin` on this worker at `now_ms` (this
+    /// router's clock), as [`Worker::acquire_booked`] books its own: it counts in
+    /// [`Worker::load`] and its prefill and blocks in the active load, until
+    /// [`Worker::peer_done`] or [`Worker::expire_peers`]. Returns false, and books nothing,
+    /// when that request is already booked (a message delivered twice).
+    pub fn book_peer(&self, origin: u64, req: u64, booking: Booking, now_ms: f64) -> bool {
+        let mut peers = lock(&self.peers);
+        if peers.contains_key(&(origin, req)) {
+            return false;
+        }
+        let in_flight = self.in_flight() + peers.len();
+        let id = self.active.book_peer(booking, now_ms, in_flight);
+        peers.insert((origin, req), (id, now_ms));
+        self.peer_requests.store(peers.len(), Ordering::Relaxed);
+        true
+    }
+
+    /// The first token of peer request (`origin`, `req`) reached its router: its prefill
+    /// charge ends at `now_ms`. Returns false when no such request is booked.
+    pub fn peer_first_token(&self, origin: u64, req: u64, now_ms: f64) -> bool {
+        let peers = lock(&self.peers);
+        let Some(&(id, _)) = peers.get(&(origin, req)) else {
+            return false;
+        };
+        self.active.first_token(id, now_ms);
+        true
+    }
+
+    /// Peer request (`origin`, `req`) ended: its booking goes. Returns false when no such
+    /// request is booked (never booked here, ended already, or expired), so an end counts
+    /// once.
+    pub fn peer_done(&self, origin: u64, req: u64) -> bool {
+        let mut peers = lock(&self.peers);
+        let Some((id, _)) = peers.remove(&(origin, req)) else {
+            return false;
+        };
+        self.active.free(id);
+        self.peer_requests.store(peers.len(), Ordering::Relaxed);
+        true
+    }
+
+    /// Ends every peer request booked before `before_ms` (its end was lost: the peer died,
+    /// or the bus dropped the message) and every one of replica `origin` when given (a peer
+    /// that left). Returns how many ended.
+    pub fn expire_peers(&self, before_ms: f64, origin: Option<u64>) -> usize {
+        let mut peers = lock(&self.peers);
+        let n = peers.len();
+        peers.retain(|&(o, _), &mut (id, at)| {
+            let keep = at >= before_ms && origin != Some(o);
+            if !keep {
+                self.active.free(id);
+            }
+            keep
+        });
+        self.peer_requests.store(peers.len(), Ordering::Relaxed);
+        n - peers.len()
     }
 
     /// Records a load report: the engine runs or queues `engine_requests` (running +
     /// waiting, [`crate::load::engine_requests`]). The foreign part is what exceeds this
-    /// router's own in-flight count now, clamped at 0: requests still on their way to the
+    /// router's own in-flight count and its peers' reported requests now, clamped at 0: requests still on their way to the
     /// engine, or relaying their last bytes from it, make it read low, never high. `None`
     /// (no report, or a failed poll) forgets the last one, so a dark engine is counted on
     /// this router's own requests only.
@@ -105,7 +193,8 @@ impl Worker {
     /// and waiting requests make the foreign part, the rest (KV usage) reaches policies
     /// through [`Worker::load_view`], and the since-poll credit restarts.
     pub fn report_engine(&self, report: Option<EngineReport>) {
-        let foreign = report.map_or(0, |r| r.total().saturating_sub(self.in_flight()));
+        let known = self.in_flight() + self.peer_requests();
+        let foreign = report.map_or(0, |r| r.total().saturating_sub(known));
         self.foreign.store(foreign, Ordering::Relaxed);
         self.active.report(report);
     }
@@ -126,7 +215,9 @@ impl Worker {
     /// base, the one its snapshots use): [`crate::load::active`]'s step 1. The guard ends the
     /// booking when it drops.
     pub fn acquire_booked(self: &Arc<Self>, booking: Booking, now_ms: f64) -> LoadGuard {
-        let id = self.active.book(booking, now_ms, self.in_flight());
+        let id = self
+            .active
+            .book(booking, now_ms, self.in_flight() + self.peer_requests());
         let mut g = self.acquire();
         g.booking = Some((id, now_ms, std::time::Instant::now()));
         g
@@ -143,7 +234,7 @@ impl Worker {
     pub fn load_view(&self, now_ms: f64) -> WorkerLoad {
         WorkerLoad {
             requests: self.load(),
-            in_flight: self.in_flight(),
+            in_flight: self.in_flight() + self.peer_requests(),
             processed: self.processed(),
             active: self.active.view(now_ms),
             cached_blocks: Some(self.cached_blocks.load(Ordering::Relaxed))
@@ -327,10 +418,12 @@ impl Default for WorkerSettings {
 /// [`Worker::load_view`].
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct WorkerLoad {
-    /// Requests in flight from this router + foreign ones from the last engine report
+    /// Requests in flight from this router + those its peer replicas reported + foreign ones
+    /// from the last engine report
     /// ([`Worker::load`]).
     pub requests: usize,
-    /// Requests in flight from this router.
+    /// Requests in flight that this router knows of: its own and those its peer replicas
+    /// reported ([`Worker::book_peer`]); not the engine report's foreign ones.
     pub in_flight: usize,
     /// Requests ever sent (SMG breaks least-loaded ties on it).
     pub processed: u64,
@@ -473,6 +566,8 @@ impl Workers {
             models: RwLock::new(spec.models.clone()),
             active: ActiveLoad::default(),
             cached_blocks: AtomicU64::new(u64::MAX),
+            peers: Mutex::new(HashMap::new()),
+            peer_requests: AtomicUsize::new(0),
         });
         let mut next = (*cur).clone();
         next.push(Some(worker));

@@ -102,6 +102,32 @@ pub fn block_keys_in(ns: crate::Namespace, tokens: &[u32], block_size: usize) ->
     out
 }
 
+/// Root of every text page chain: the namespace's root xor this, so a text page key never
+/// equals a block key of the same namespace (short of a 2^-64 event). xxh3-64 of
+/// `b"kvroute text page"` with seed [`SEED`].
+pub fn text_root(ns: crate::Namespace) -> u64 {
+    ns ^ xxh3_64_with_seed(b"kvroute text page", SEED)
+}
+
+/// Keys of every full `page_bytes`-byte page of `text` in namespace `ns`: the chain of
+/// [`chain`] over `local_i = XXH3_64(seed = SEED, page i's bytes)`, starting at
+/// [`text_root`]`(ns)` (`text.len() / page_bytes` keys; a trailing partial page has none).
+/// Replica sync's text pages ([`crate::peer_pages`]).
+///
+/// # Panics
+/// If `page_bytes` is 0.
+pub fn text_page_keys(ns: crate::Namespace, text: &[u8], page_bytes: usize) -> Vec<u64> {
+    assert!(page_bytes > 0, "page_bytes must be > 0");
+    let mut out = Vec::with_capacity(text.len() / page_bytes);
+    let mut parent = Some(text_root(ns));
+    for page in text.chunks_exact(page_bytes) {
+        let k = chain(parent, xxh3_64_with_seed(page, SEED));
+        out.push(k);
+        parent = Some(k);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +176,20 @@ mod tests {
         let plain = block_keys(&both, 16);
         assert!(k.iter().all(|x| !plain.contains(x)));
         assert_ne!(block_keys_in(ns + 1, &both, 16)[0], k[0]);
+    }
+
+    /// Text pages chain like blocks: a shared first page gives a shared first key, the
+    /// second differs when the second page does, a partial page has no key, and a namespace
+    /// or block key never collides with them.
+    #[test]
+    fn text_pages_chain_their_prefix() {
+        let a = text_page_keys(0, b"0123456789abcdefXY", 8);
+        let b = text_page_keys(0, b"01234567zzzzzzzz", 8);
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0], b[0]);
+        assert_ne!(a[1], b[1]);
+        assert_ne!(text_page_keys(7, b"01234567", 8)[0], a[0]);
+        let same_bytes: Vec<u32> = vec![u32::from_le_bytes(*b"0123"), u32::from_le_bytes(*b"4567")];
+        assert_ne!(block_keys(&same_bytes, 2)[0], a[0]);
     }
 }

@@ -299,7 +299,12 @@ mod tests {
 
     /// The brute-force reference: every record kept; a key's live holders are the workers
     /// whose last record of it is within the TTL (at most 4 workers, so no replacement).
-    fn reference(records: &[(Vec<u64>, TenantId, u64)], q: &[u64], now: u64, ttl: u64) -> Vec<(TenantId, usize)> {
+    fn reference(
+        records: &[(Vec<u64>, TenantId, u64)],
+        q: &[u64],
+        now: u64,
+        ttl: u64,
+    ) -> Vec<(TenantId, usize)> {
         let mut last: HashMap<(u64, TenantId), u64> = HashMap::new();
         for (keys, w, t) in records {
             for &k in keys {
@@ -310,7 +315,10 @@ mod tests {
         let mut out: Vec<(TenantId, usize)> = Vec::new();
         for (i, k) in q.iter().enumerate() {
             let live: Vec<TenantId> = (0..4)
-                .filter(|&w| last.get(&(*k, w)).is_some_and(|&t| now.saturating_sub(t) < ttl))
+                .filter(|&w| {
+                    last.get(&(*k, w))
+                        .is_some_and(|&t| now.saturating_sub(t) < ttl)
+                })
                 .collect();
             if live.is_empty() {
                 break;

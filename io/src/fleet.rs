@@ -199,6 +199,7 @@ impl Fleet {
             seed: sim::DEFAULT_SEED,
             event_delay_ms: sim::DEFAULT_EVENT_DELAY_MS,
             replicas: self.replicas,
+            sync_delay_ms: None,
             spread_secs: sim::DEFAULT_SPREAD_SECS,
             wire_events: false,
         }

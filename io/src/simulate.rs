@@ -45,6 +45,11 @@ pub struct SimulateArgs {
     /// many seconds of trace time (divided by --time-scale like think times).
     #[arg(long, default_value_t = sim::DEFAULT_SPREAD_SECS)]
     pub spread_secs: f64,
+    /// Replica sync between the `--replicas` (as `kvroute serve --nats`): each replica sends
+    /// its peers what it routed (booked load, page keys of the prompt), each first token and
+    /// each end, delivered this many virtual ms later; unset = replicas share nothing.
+    #[arg(long, value_name = "MS")]
+    pub sync_delay_ms: Option<f64>,
     /// Send KV events through the vLLM msgpack wire format and the router's consumer
     /// instead of as decoded batches (same results, slower).
     #[arg(long)]
@@ -270,6 +275,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
                 cfg.event_delay_ms = args.event_delay_ms;
                 cfg.spread_secs = args.spread_secs;
                 cfg.wire_events = args.wire_events;
+                cfg.sync_delay_ms = args.sync_delay_ms;
                 let t0 = Instant::now();
                 let report = sim::simulate(&trace, &prompts, &cfg)
                     .with_context(|| format!("simulating {name}"))?;
@@ -636,6 +642,8 @@ mod tests {
             load_cv: 0.0,
             sticky: Default::default(),
             arrival_ms: Vec::new(),
+            sync_applied: Default::default(),
+            peer_requests_left: 0,
         }
     }
 

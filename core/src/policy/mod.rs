@@ -52,7 +52,8 @@ use crate::config::{Config, PolicyKind};
 use crate::load::active::Booking;
 use crate::route_key::RouteKey;
 use kvroute_index::{
-    HashIndex, HashIndexConfig, LeftRight, Namespace, StringTree, TenantId, TokenTree,
+    HashIndex, HashIndexConfig, LeftRight, Namespace, PeerPages, PeerPagesConfig, StringTree,
+    TenantId, TokenTree,
 };
 use prefix::{Overlaps, PrefixIndex, Query, Source, Unit};
 use rand::Rng;
@@ -316,6 +317,23 @@ fn apply_token(t: &mut TokenTree, op: &TreeOp<Box<[u32]>>) {
     }
 }
 
+/// A queued write to a model's [`PeerPages`] (replica sync).
+#[derive(Debug, Clone)]
+pub enum PeerOp {
+    /// A peer replica sent a worker the prompt of these page keys, at a time (ms since this
+    /// router started).
+    Record(Box<[u64]>, TenantId, u64),
+    /// Forget a worker everywhere.
+    RemoveTenant(TenantId),
+}
+
+fn apply_peer(p: &mut PeerPages, op: &PeerOp) {
+    match op {
+        PeerOp::Record(keys, w, now) => p.record(keys, *w, *now),
+        PeerOp::RemoveTenant(w) => p.remove_worker(*w),
+    }
+}
+
 fn apply_hash(h: &mut HashIndex, op: &HashOp) {
     match op {
         HashOp::Record(ns, ids, w, now) => h.record(*ns, ids, *w, *now),
@@ -331,6 +349,8 @@ pub struct ModelIndexes {
     pub tokens: LeftRight<TokenTree, TreeOp<Box<[u32]>>>,
     /// Hash mode only.
     pub hash: Option<LeftRight<HashIndex, HashOp>>,
+    /// Page keys other router replicas reported ([`crate::sync`]); empty without sync.
+    pub peers: LeftRight<PeerPages, PeerOp>,
 }
 
 /// Every policy's parameters, resolved once from [`Config`] (presets replace the knobs with
@@ -526,23 +546,33 @@ impl Router {
                 token_len,
                 1.0,
             ),
-            (Some(_), None) => Overlaps::from_index(
-                Source::TokenTree,
-                Unit::Tokens,
-                &idx.tokens.read().overlaps(ns, &q),
-                n,
-                token_len,
-                1.0,
+            (Some(_), None) => self.with_peers(
+                Overlaps::from_index(
+                    Source::TokenTree,
+                    Unit::Tokens,
+                    &idx.tokens.read().overlaps(ns, &q),
+                    n,
+                    token_len,
+                    1.0,
+                ),
+                &idx,
+                req,
+                snap.now_ms,
             ),
             // Text in hash mode: no index.
             (None, Some(_)) => Overlaps::none(n, req.chars, Unit::Chars, tokens_per_char),
-            (None, None) => Overlaps::from_index(
-                Source::StringTree,
-                Unit::Chars,
-                &idx.strings.read().overlaps(ns, &q),
-                n,
-                req.chars,
-                tokens_per_char,
+            (None, None) => self.with_peers(
+                Overlaps::from_index(
+                    Source::StringTree,
+                    Unit::Chars,
+                    &idx.strings.read().overlaps(ns, &q),
+                    n,
+                    req.chars,
+                    tokens_per_char,
+                ),
+                &idx,
+                req,
+                snap.now_ms,
             ),
         }
     }
@@ -697,6 +727,7 @@ impl Router {
                 apply_token,
             ),
             hash,
+            peers: LeftRight::new(PeerPages::new(self.peer_cfg()), apply_peer),
         });
         self.models.write((model.to_string(), fresh));
         loop {
@@ -743,6 +774,7 @@ impl Router {
     pub fn remove_worker(&self, id: usize) {
         let t = id as TenantId;
         for m in self.models.read().values() {
+            m.peers.write(PeerOp::RemoveTenant(t));
             m.strings.write(TreeOp::RemoveTenant(t));
             m.tokens.write(TreeOp::RemoveTenant(t));
             if let Some(h) = &m.hash {
@@ -765,7 +797,132 @@ impl Router {
                     std::thread::yield_now();
                 }
             }
+            while !m.peers.flush() && m.peers.pending() > 0 {
+                std::thread::yield_now();
+            }
         }
+    }
+
+    /// Settings of each model's [`PeerPages`]: holders live as long as a hash-index holder
+    /// (`cache_ttl_secs`, one definition), and it keeps as many pages as the larger of the
+    /// two trees' budgets holds (`max_tree_size_chars` / [`crate::sync::TEXT_PAGE_BYTES`],
+    /// `max_tree_size_tokens` / `block_size`), so sync at most doubles an index's memory.
+    fn peer_cfg(&self) -> PeerPagesConfig {
+        PeerPagesConfig {
+            ttl_ms: self.hash_cfg.ttl_ms,
+            max_pages: (self.max_tree_size_chars / crate::sync::TEXT_PAGE_BYTES)
+                .max(self.max_tree_size_tokens / self.block_size)
+                .max(1),
+        }
+    }
+
+    /// Tokens per page of the token tree and of replica sync's token pages.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The page keys replica sync sends for `key` ([`crate::sync::PageKeys`]): its token ids'
+    /// block keys when it has ids, else its routing text's pages; `None` when this router
+    /// records nothing ([`PolicyKind::records`]) or the request has neither.
+    pub fn page_keys(&self, key: &RouteKey) -> Option<crate::sync::PageKeys> {
+        use crate::sync::{PageKeys, PageUnit, TEXT_PAGE_BYTES};
+        if !self.kind.records() {
+            return None;
+        }
+        match key.input_ids.as_deref().filter(|v| !v.is_empty()) {
+            Some(ids) => Some(PageKeys {
+                unit: PageUnit::Tokens {
+                    block: self.block_size as u32,
+                },
+                keys: kvroute_index::keys::block_keys_in(key.namespace, ids, self.block_size),
+            }),
+            None if !key.text.is_empty() => Some(PageKeys {
+                unit: PageUnit::Text {
+                    bytes: TEXT_PAGE_BYTES as u32,
+                },
+                keys: kvroute_index::keys::text_page_keys(
+                    key.namespace,
+                    key.text.as_bytes(),
+                    TEXT_PAGE_BYTES,
+                ),
+            }),
+            None => None,
+        }
+    }
+
+    /// Records that a peer replica sent worker `worker` (this router's id) a prompt of
+    /// `model` with these page keys, at `now_ms` ([`Router::now_ms`] time base). Returns
+    /// false, recording nothing, when their unit is not this router's (another block size or
+    /// text page size).
+    pub fn record_peer(
+        &self,
+        model: &str,
+        pages: &crate::sync::PageKeys,
+        worker: usize,
+        now_ms: u64,
+    ) -> bool {
+        use crate::sync::{PageUnit, TEXT_PAGE_BYTES};
+        let ours = match pages.unit {
+            PageUnit::Tokens { block } => block as usize == self.block_size,
+            PageUnit::Text { bytes } => bytes as usize == TEXT_PAGE_BYTES,
+        };
+        if !ours {
+            return false;
+        }
+        self.model(model).peers.write(PeerOp::Record(
+            pages.keys.as_slice().into(),
+            worker as TenantId,
+            now_ms,
+        ));
+        true
+    }
+
+    /// `o` (a tree's overlaps) raised, worker by worker, to what peer replicas reported
+    /// ([`PeerPages`]): tokens = pages × block size; chars = the chars of the text's first
+    /// pages × [`crate::sync::TEXT_PAGE_BYTES`] bytes. `o` unchanged without peer pages.
+    fn with_peers(
+        &self,
+        mut o: Overlaps,
+        idx: &ModelIndexes,
+        req: &Request<'_>,
+        now_ms: u64,
+    ) -> Overlaps {
+        use crate::sync::TEXT_PAGE_BYTES;
+        let peers = idx.peers.read();
+        if peers.is_empty() {
+            return o;
+        }
+        let ns = req.key.namespace;
+        let found = match req.ids {
+            Some(ids) => {
+                let keys = kvroute_index::keys::block_keys_in(ns, ids, self.block_size);
+                peers
+                    .overlaps(&keys, now_ms)
+                    .into_iter()
+                    .map(|(w, p)| (w, p * self.block_size))
+                    .collect::<Vec<_>>()
+            }
+            None => {
+                let text = req.key.text.as_bytes();
+                let keys = kvroute_index::keys::text_page_keys(ns, text, TEXT_PAGE_BYTES);
+                peers
+                    .overlaps(&keys, now_ms)
+                    .into_iter()
+                    .map(|(w, p)| {
+                        let bytes = &text[..(p * TEXT_PAGE_BYTES).min(text.len())];
+                        // Chars of the prefix: every byte that does not continue a UTF-8
+                        // sequence starts a char.
+                        (w, bytes.iter().filter(|&&b| (b as i8) >= -0x40).count())
+                    })
+                    .collect()
+            }
+        };
+        for (w, m) in found {
+            if let Some(slot) = o.matched.get_mut(w as usize) {
+                *slot = (*slot).max(m.min(o.len));
+            }
+        }
+        o
     }
 
     /// Total chars held by the string tree of `model` (0 when it has none), after pending
