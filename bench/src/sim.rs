@@ -687,6 +687,8 @@ pub fn simulate(
                             origin: l.replica as u64 + 1,
                             req: id,
                             worker: l.worker_url,
+                            prompt_tokens: Some(s.prompt_tokens),
+                            cached_tokens: Some(s.cached_tokens),
                         };
                         publish(&mut sync_q, l.replica, t, msg);
                     }

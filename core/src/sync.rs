@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | [`SyncMsg::Routed`] | a request is committed to a worker | books it on that worker as a peer request ([`crate::workers::Worker::book_peer`]): its request count, booked prefill and blocks; records its page keys for the worker ([`crate::policy::Router::record_peer`]) | Dynamo's replica sync (add-request), SMG's tree gossip (inserts) |
 //! | [`SyncMsg::FirstToken`] | its first token reached the router | ends the booking's prefill charge | Dynamo (prefill-done) |
-//! | [`SyncMsg::Done`] | it ended (any way) | ends the booking, once | Dynamo (free) |
+//! | [`SyncMsg::Done`] | it ended (any way), with the engine's `usage` if seen | ends the booking, once; an alone first token teaches the prefill curve, as an own request's does | Dynamo (free) |
 //!
 //! What is never sent: the engine event index (every replica subscribes to every engine),
 //! expiry and eviction (each replica bounds its own [`kvroute_index::PeerPages`]), prompts
@@ -106,6 +106,10 @@ pub enum SyncMsg {
         req: u64,
         /// The worker's URL.
         worker: String,
+        /// The engine's `usage` when the origin saw one: prompt tokens.
+        prompt_tokens: Option<u64>,
+        /// The engine's `usage`: prompt tokens served from its cache.
+        cached_tokens: Option<u64>,
     },
 }
 
@@ -231,9 +235,13 @@ pub fn apply(msg: &SyncMsg, me: u64, router: &Router, workers: &Workers, now_ms:
             origin,
             req,
             worker,
+            prompt_tokens,
+            cached_tokens,
         } => match workers.find_url(worker) {
             None => Applied::UnknownWorker,
-            Some(w) if w.peer_done(*origin, *req) => Applied::Done,
+            Some(w) if w.peer_done(*origin, *req, prompt_tokens.zip(*cached_tokens)) => {
+                Applied::Done
+            }
             Some(_) => Applied::NotBooked,
         },
     }
@@ -324,6 +332,8 @@ mod tests {
             origin: peer,
             req: 42,
             worker: "http://b:2".into(),
+            prompt_tokens: Some(50),
+            cached_tokens: Some(0),
         };
         assert_eq!(apply(&done, me, &router, &workers, 40.0), Applied::Done);
         assert_eq!(
@@ -351,6 +361,8 @@ mod tests {
             origin: 2,
             req: 99,
             worker: "http://a:1".into(),
+            prompt_tokens: None,
+            cached_tokens: None,
         };
         assert_eq!(apply(&late, 1, &router, &workers, 0.0), Applied::NotBooked);
         let mut odd = routed(&router, 2, 2, "http://a:1", &key, &booking(32));

@@ -126,8 +126,7 @@ struct Booked {
     new_tokens: u64,
     prefill_ms: f64,
     dispatched_ms: f64,
-    /// No other prefill was booked on the worker at dispatch, nor queued on the engine, and
-    /// the booking is this router's own (its first token teaches the prefill curve).
+    /// No other prefill was booked on the worker at dispatch, nor queued on the engine.
     alone: bool,
     /// Decode load at dispatch, 0–1.
     decode_load: f64,
@@ -189,23 +188,12 @@ impl ActiveLoad {
     /// lock). Returns the booking's id for [`ActiveLoad::first_token`] and
     /// [`ActiveLoad::free`].
     pub fn book(&self, b: Booking, now_ms: f64, in_flight: usize) -> u64 {
-        self.book_as(b, now_ms, in_flight, true)
-    }
-
-    /// [`ActiveLoad::book`] for a request another router replica sent (replica sync,
-    /// [`crate::sync`]): counted the same, but its first token, seen late and on the peer's
-    /// clock, never teaches the prefill curve.
-    pub fn book_peer(&self, b: Booking, now_ms: f64, in_flight: usize) -> u64 {
-        self.book_as(b, now_ms, in_flight, false)
-    }
-
-    fn book_as(&self, b: Booking, now_ms: f64, in_flight: usize, learn: bool) -> u64 {
         let mut a = self.lock();
         let decode_load = decode_load_of(in_flight, a.prefill_requests, a.engine);
         let id = a.next_id;
         a.next_id += 1;
         let queued = a.engine.is_some_and(|e| e.waiting > 0);
-        let alone = learn && a.prefill_requests == 0 && !queued;
+        let alone = a.prefill_requests == 0 && !queued;
         for &k in &b.block_keys {
             *a.blocks.entry(k).or_insert(0) += 1;
         }
