@@ -93,6 +93,23 @@ struct ServeArgs {
     /// Worker base URL, http://HOST:PORT (repeatable).
     #[arg(long = "worker")]
     workers: Vec<String>,
+    /// Workers from DNS (repeatable): NAME:PORT (every A/AAAA address is a worker
+    /// http://ADDR:PORT; a headless Kubernetes service) or srv:NAME (SRV: target and port per
+    /// record), then ;events_port=P;replay_port=P;dp=N;model=NAME;api_key_env=VAR for every
+    /// worker of it. Looked up again every --dns-refresh-secs; a failed lookup keeps the last
+    /// good set.
+    #[arg(long = "worker-dns", value_name = "NAME:PORT|srv:NAME")]
+    worker_dns: Vec<String>,
+    /// Look every --worker-dns source up again this often, s.
+    #[arg(long)]
+    dns_refresh_secs: Option<u64>,
+    /// Most addresses taken from one --worker-dns answer (the lowest are kept).
+    #[arg(long)]
+    dns_max_addresses: Option<usize>,
+    /// Nameserver for --worker-dns, IP:PORT [default: the system's: getaddrinfo for A/AAAA,
+    /// /etc/resolv.conf for SRV].
+    #[arg(long, value_name = "IP:PORT")]
+    dns_server: Option<String>,
     /// Routing policy: round_robin, random, least_request, power_of_two, least_load,
     /// cache_aware, kv_aware, prefix_hash, consistent_hash, pure_affinity, predicted_ttft, or
     /// a preset: smg_cache_aware, dynamo_kv.
@@ -279,6 +296,12 @@ impl ServeArgs {
         if !self.workers.is_empty() {
             cfg.workers = self.workers;
         }
+        if !self.worker_dns.is_empty() {
+            cfg.worker_dns = self.worker_dns;
+        }
+        if self.dns_server.is_some() {
+            cfg.dns_server = self.dns_server;
+        }
         if let Some(v) = self.policy {
             cfg.policy = v.parse().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
         }
@@ -353,6 +376,8 @@ impl ServeArgs {
             };
         }
         overlay!(
+            dns_refresh_secs,
+            dns_max_addresses,
             health_check_interval_secs,
             health_check_timeout_secs,
             health_failure_threshold,
@@ -677,6 +702,8 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
             "tokenize_cache_tokens",
             defaults::TOKENIZE_CACHE_TOKENS.to_string(),
         ),
+        ("dns_refresh_secs", defaults::DNS_REFRESH_SECS.to_string()),
+        ("dns_max_addresses", defaults::DNS_MAX_ADDRESSES.to_string()),
         (
             "health_check_interval_secs",
             defaults::HEALTH_CHECK_INTERVAL_SECS.to_string(),
