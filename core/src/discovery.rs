@@ -135,7 +135,10 @@ pub fn parse_dns_source(spec: &str) -> Result<DnsSource, CoreError> {
     };
     let mut parts = spec.split(';');
     let head = parts.next().unwrap_or("").trim();
-    let query = if let Some(name) = head.strip_prefix("srv:") {
+    let srv = head
+        .strip_prefix("srv:")
+        .filter(|rest| rest.parse::<u16>().is_err());
+    let query = if let Some(name) = srv {
         if !is_dns_name(name) {
             return Err(bad("srv: must be followed by a DNS name (srv:_http._tcp.NAME)"));
         }

@@ -112,6 +112,14 @@ fn specs_parse_and_errors_name_the_flag() {
         parse_dns_source("127.0.0.1:80").unwrap().query,
         DnsQuery::Host { port: 80, .. }
     ));
+    // A host named `srv` with a port is a host, not an SRV name.
+    assert_eq!(
+        parse_dns_source("srv:8000").unwrap().query,
+        DnsQuery::Host {
+            name: "srv".into(),
+            port: 8000
+        }
+    );
     for (bad, problem) in [
         ("pool", "expected NAME:PORT or srv:NAME"),
         ("pool:0", "port must be a number 1-65535"),
@@ -254,7 +262,7 @@ fn refused_adds_retry_and_foreign_removals_are_repaired() {
     let r = refresh(&src, &mut state, &mut dns, &mut fleet);
     assert_eq!(
         r.added,
-        vec![(addr("10.0.0.1:1"), 2), (addr("10.0.0.2:1"), 1)]
+        vec![(addr("10.0.0.1:1"), 1), (addr("10.0.0.2:1"), 2)]
     );
     assert!(r.removed.is_empty());
     let r = refresh(&src, &mut state, &mut dns, &mut fleet);
