@@ -140,7 +140,9 @@ pub fn parse_dns_source(spec: &str) -> Result<DnsSource, CoreError> {
         .filter(|rest| rest.parse::<u16>().is_err());
     let query = if let Some(name) = srv {
         if !is_dns_name(name) {
-            return Err(bad("srv: must be followed by a DNS name (srv:_http._tcp.NAME)"));
+            return Err(bad(
+                "srv: must be followed by a DNS name (srv:_http._tcp.NAME)",
+            ));
         }
         DnsQuery::Srv {
             name: name.to_string(),

@@ -93,13 +93,13 @@ impl DnsResolver {
                 b.options_mut().use_hosts_file = ResolveHosts::Never;
                 Some(b)
             }
-            None if srv => Some(
-                hickory_resolver::TokioResolver::builder(provider).map_err(|e| {
+            None if srv => Some(hickory_resolver::TokioResolver::builder(provider).map_err(
+                |e| {
                     std::io::Error::other(format!(
                         "--worker-dns srv: cannot read the system resolver configuration: {e}"
                     ))
-                })?,
-            ),
+                },
+            )?),
             None => None,
         };
         let hickory = match builder {
@@ -108,7 +108,10 @@ impl DnsResolver {
                 o.timeout = timeout;
                 o.attempts = 2;
                 let _enter = rt.enter();
-                Some(b.build().map_err(|e| std::io::Error::other(e.to_string()))?)
+                Some(
+                    b.build()
+                        .map_err(|e| std::io::Error::other(e.to_string()))?,
+                )
             }
             None => None,
         };
@@ -174,14 +177,18 @@ impl DnsResolver {
         f: impl std::future::Future<Output = Result<T, hickory_resolver::net::NetError>>,
     ) -> Result<T, LookupError> {
         let limit = self.timeout * 2 + Duration::from_secs(1);
-        match self.rt.block_on(tokio::time::timeout(limit, f)) {
+        // The timer is made inside the runtime: `timeout` needs its time driver.
+        match self
+            .rt
+            .block_on(async { tokio::time::timeout(limit, f).await })
+        {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) if e.is_nx_domain() || e.is_no_records_found() => {
                 Err(LookupError::NotFound(e.to_string()))
             }
-            Ok(Err(hickory_resolver::net::NetError::Timeout)) => {
-                Err(LookupError::Timeout(format!("no answer in {:?}", self.timeout)))
-            }
+            Ok(Err(hickory_resolver::net::NetError::Timeout)) => Err(LookupError::Timeout(
+                format!("no answer in {:?}", self.timeout),
+            )),
             Ok(Err(e)) => Err(LookupError::Other(e.to_string())),
             Err(_) => Err(LookupError::Timeout(format!("no answer in {limit:?}"))),
         }
@@ -261,8 +268,13 @@ fn refresh_all(
             }
             Outcome::Answered { addresses, dropped } if *dropped > 0 => {
                 shared.metrics.on_discovery_truncated(label);
-                tracing::warn!(source = label, addresses, dropped, kept = addresses - dropped,
-                    "DNS discovery: answer cut to dns_max_addresses");
+                tracing::warn!(
+                    source = label,
+                    addresses,
+                    dropped,
+                    kept = addresses - dropped,
+                    "DNS discovery: answer cut to dns_max_addresses"
+                );
             }
             Outcome::Answered { .. } => {}
         }
@@ -311,7 +323,9 @@ pub fn start(
                         Some(s) if !s.is_shutting_down() => {}
                         _ => return,
                     }
-                    std::thread::sleep(POLL.min(next.saturating_duration_since(std::time::Instant::now())));
+                    std::thread::sleep(
+                        POLL.min(next.saturating_duration_since(std::time::Instant::now())),
+                    );
                 }
                 let Some(shared) = weak.upgrade() else { return };
                 refresh_all(&shared, &sources, &mut states, resolver.as_mut());

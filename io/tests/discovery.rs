@@ -86,7 +86,9 @@ fn dns_server() -> (Zone, SocketAddr) {
             });
         })
         .unwrap();
-    let addr = rx.recv_timeout(Duration::from_secs(10)).expect("DNS server up");
+    let addr = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("DNS server up");
     (zone, addr)
 }
 
@@ -108,9 +110,10 @@ fn set_a(zone: &Zone, host: &str, ips: &[Ipv4Addr]) {
 /// Makes the SRV records of [`SRV_NAME`] exactly one: `port` on [`TARGET`].
 fn set_srv(zone: &Zone, port: u16) {
     block(async {
-        zone.records_mut()
-            .await
-            .remove(&RrKey::new(LowerName::new(&name(SRV_NAME)), RecordType::SRV));
+        zone.records_mut().await.remove(&RrKey::new(
+            LowerName::new(&name(SRV_NAME)),
+            RecordType::SRV,
+        ));
         let srv = SRV::new(0, 0, port, name(TARGET));
         assert!(
             zone.upsert(Record::from_rdata(name(SRV_NAME), 1, RData::SRV(srv)), 1)
@@ -126,8 +129,12 @@ fn engine_on(ip: Ipv4Addr, port: u16) -> EngineHandle {
         speedup_ratio: 0.0,
         ..EngineConfig::default()
     };
-    let tok = Arc::new(kvroute_tokenize::Tokenizer::qwen3().expect("embedded tokenizer"));
-    engine::server::spawn(cfg, tok).expect("engine starts")
+    // One tokenizer for every engine: loading it is most of the test's time.
+    static TOK: std::sync::OnceLock<Arc<kvroute_tokenize::Tokenizer>> = std::sync::OnceLock::new();
+    let tok = TOK.get_or_init(|| {
+        Arc::new(kvroute_tokenize::Tokenizer::qwen3().expect("embedded tokenizer"))
+    });
+    engine::server::spawn(cfg, tok.clone()).expect("engine starts")
 }
 
 fn urls(gw: &kvroute_io::shard::Server) -> BTreeSet<String> {
@@ -212,19 +219,12 @@ fn fleet_follows_a_and_srv_records() {
     // their ids.
     set_a(&zone, POOL, &[Ipv4Addr::new(127, 0, 0, 2)]);
     assert!(
-        wait_until(Duration::from_secs(10), || urls(&gw)
-            == set(&[u(2), u(4)])),
+        wait_until(Duration::from_secs(10), || urls(&gw) == set(&[u(2), u(4)])),
         "{:?}",
         urls(&gw)
     );
-    assert_eq!(
-        gw.shared().workers.find_url(&u(2)).map(|w| w.id),
-        Some(0)
-    );
-    assert_eq!(
-        gw.shared().workers.find_url(&u(4)).map(|w| w.id),
-        Some(2)
-    );
+    assert_eq!(gw.shared().workers.find_url(&u(2)).map(|w| w.id), Some(0));
+    assert_eq!(gw.shared().workers.find_url(&u(4)).map(|w| w.id), Some(2));
 
     // The pool's name disappears (NXDOMAIN): nothing is removed, the failures are counted.
     set_a(&zone, POOL, &[]);
@@ -239,8 +239,8 @@ fn fleet_follows_a_and_srv_records() {
     assert_eq!(urls(&gw), set(&[u(2), u(4)]));
     assert_eq!(ask().status, 200);
 
-    // .3 comes back (a new id, working) and the SRV record moves to .2's address: the SRV
-    // source's .4 leaves, and its .2 is refused while the pool holds that URL (retried,
+    // .3 comes back (a new id, working) and the SRV target moves to .3's address: the SRV
+    // source's .4 leaves, and its .3 is refused while the pool holds that URL (retried,
     // not duplicated).
     set_a(
         &zone,
@@ -249,8 +249,7 @@ fn fleet_follows_a_and_srv_records() {
     );
     set_a(&zone, TARGET, &[Ipv4Addr::new(127, 0, 0, 3)]);
     assert!(
-        wait_until(Duration::from_secs(10), || urls(&gw)
-            == set(&[u(2), u(3)])),
+        wait_until(Duration::from_secs(10), || urls(&gw) == set(&[u(2), u(3)])),
         "{:?}",
         urls(&gw)
     );
@@ -272,7 +271,10 @@ fn bad_source_is_a_startup_error() {
         worker_dns: vec!["pool.kvroute.test".into()],
         ..Config::default()
     };
-    let err = gateway::start(cfg, false).err().expect("refused").to_string();
+    let err = gateway::start(cfg, false)
+        .err()
+        .expect("refused")
+        .to_string();
     assert_eq!(
         err,
         "config: --worker-dns \"pool.kvroute.test\": expected NAME:PORT or srv:NAME"

@@ -158,7 +158,10 @@ fn specs_parse_and_errors_name_the_flag() {
             },
             "{bad}"
         );
-        assert!(err.to_string().starts_with("config: --worker-dns "), "{err}");
+        assert!(
+            err.to_string().starts_with("config: --worker-dns "),
+            "{err}"
+        );
     }
 }
 
@@ -227,8 +230,18 @@ fn cap_keeps_the_lowest_addresses() {
     let mut state = Reconciler::new(2);
     let mut fleet = FakeFleet::default();
     let mut dns = Script(VecDeque::from([
-        Ok(addrs(&["10.0.0.9:1", "10.0.0.3:1", "10.0.0.5:1", "10.0.0.1:1"])),
-        Ok(addrs(&["10.0.0.5:1", "10.0.0.1:1", "10.0.0.3:1", "10.0.0.9:1"])),
+        Ok(addrs(&[
+            "10.0.0.9:1",
+            "10.0.0.3:1",
+            "10.0.0.5:1",
+            "10.0.0.1:1",
+        ])),
+        Ok(addrs(&[
+            "10.0.0.5:1",
+            "10.0.0.1:1",
+            "10.0.0.3:1",
+            "10.0.0.9:1",
+        ])),
     ]));
     let r = refresh(&src, &mut state, &mut dns, &mut fleet);
     assert_eq!(
@@ -238,7 +251,10 @@ fn cap_keeps_the_lowest_addresses() {
             dropped: 2
         }
     );
-    assert_eq!(fleet.urls(), urls(&["http://10.0.0.1:1", "http://10.0.0.3:1"]));
+    assert_eq!(
+        fleet.urls(),
+        urls(&["http://10.0.0.1:1", "http://10.0.0.3:1"])
+    );
     // The same records rotated: no churn.
     let r = refresh(&src, &mut state, &mut dns, &mut fleet);
     assert!(r.added.is_empty() && r.removed.is_empty(), "{r:?}");
