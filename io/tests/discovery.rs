@@ -260,6 +260,13 @@ fn fleet_follows_a_and_srv_records() {
             && gw.shared().workers.get(back.id).unwrap().processed() > 0
     }));
     assert_eq!(gw.shared().workers.len(), 2);
+    // A SIGHUP reload of a config without static workers leaves the discovered ones.
+    let (added, removed) = gateway::apply_workers(gw.shared(), &[]).unwrap();
+    assert!(
+        added.is_empty() && removed.is_empty(),
+        "{added:?} {removed:?}"
+    );
+    assert_eq!(urls(&gw), set(&[u(2), u(3)]));
     drop(gw);
 }
 
