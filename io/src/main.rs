@@ -1028,6 +1028,67 @@ mod tests {
         "127.0.0.1".parse().unwrap()
     }
 
+    fn serve_config(argv: &[&str]) -> anyhow::Result<Config> {
+        let m = with_defaults(Cli::command())
+            .try_get_matches_from(["kvroute", "serve"].iter().chain(argv))?;
+        match Cli::from_arg_matches(&m)?.command {
+            Command::Serve(a) => a.into_config(),
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    /// `--worker-dns` is repeatable, the DNS flags reach the config, and a malformed source
+    /// is refused naming the flag.
+    #[test]
+    fn serve_dns_flags() {
+        let cfg = serve_config(&[
+            "--worker-dns",
+            "vllm.default.svc.cluster.local:8000;events_port=5557",
+            "--worker-dns",
+            "srv:_http._tcp.sglang.default.svc.cluster.local",
+            "--dns-refresh-secs",
+            "5",
+            "--dns-max-addresses",
+            "64",
+            "--dns-server",
+            "10.96.0.10:53",
+        ])
+        .unwrap();
+        assert_eq!(
+            cfg.worker_dns,
+            vec![
+                "vllm.default.svc.cluster.local:8000;events_port=5557".to_string(),
+                "srv:_http._tcp.sglang.default.svc.cluster.local".to_string()
+            ]
+        );
+        assert_eq!(
+            (
+                cfg.dns_refresh_secs,
+                cfg.dns_max_addresses,
+                cfg.dns_server.as_deref()
+            ),
+            (5, 64, Some("10.96.0.10:53"))
+        );
+        assert!(cfg.validate().is_ok());
+        let d = serve_config(&[]).unwrap();
+        assert_eq!(
+            (d.dns_refresh_secs, d.dns_max_addresses, d.dns_server),
+            (
+                defaults::DNS_REFRESH_SECS,
+                defaults::DNS_MAX_ADDRESSES,
+                None
+            )
+        );
+        let err = serve_config(&["--worker-dns", "vllm:0"])
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "config: --worker-dns \"vllm:0\": port must be a number 1-65535"
+        );
+    }
+
     #[test]
     fn engine_kv_events_off_without_port_flags() {
         let a = engine_args(&[]).unwrap();
