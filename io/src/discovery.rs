@@ -334,3 +334,31 @@ pub fn start(
     tracing::info!(every_secs = every.as_secs_f64(), "DNS discovery started");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvroute_core::discovery::parse_dns_source;
+
+    /// Without `--dns-server`, A/AAAA go through getaddrinfo as `--worker` hosts do:
+    /// /etc/hosts names `localhost`, IP literals are themselves, an unknown name is an error.
+    #[test]
+    fn system_resolver_for_hosts() {
+        let sources = [parse_dns_source("localhost:8000").unwrap()];
+        let mut r = DnsResolver::new(&sources, None, 16, Duration::from_secs(2)).unwrap();
+        assert!(r.hickory.is_none(), "no SRV source, no --dns-server: no hickory");
+        let got = r.resolve(&sources[0].query).unwrap();
+        assert!(!got.is_empty());
+        assert!(
+            got.iter().all(|a| a.ip().is_loopback() && a.port() == 8000),
+            "{got:?}"
+        );
+        let lit = parse_dns_source("[::1]:9000").unwrap();
+        assert_eq!(
+            r.resolve(&lit.query).unwrap(),
+            vec!["[::1]:9000".parse().unwrap()]
+        );
+        let none = parse_dns_source("no-such-host.invalid:1").unwrap();
+        assert!(r.resolve(&none.query).is_err());
+    }
+}
