@@ -346,7 +346,10 @@ mod tests {
     fn system_resolver_for_hosts() {
         let sources = [parse_dns_source("localhost:8000").unwrap()];
         let mut r = DnsResolver::new(&sources, None, 16, Duration::from_secs(2)).unwrap();
-        assert!(r.hickory.is_none(), "no SRV source, no --dns-server: no hickory");
+        assert!(
+            r.hickory.is_none(),
+            "no SRV source, no --dns-server: no hickory"
+        );
         let got = r.resolve(&sources[0].query).unwrap();
         assert!(!got.is_empty());
         assert!(
