@@ -22,7 +22,9 @@ pub enum CoreError {
     #[error("config: --knob expects NAME=VALUE, got {0:?}")]
     BadKnob(String),
     /// No worker configured.
-    #[error("config: at least one worker is required (--worker URL or `workers = [..]`)")]
+    #[error(
+        "config: at least one worker is required (--worker URL, --worker-dns NAME:PORT, or `workers = [..]` / `worker_dns = [..]`)"
+    )]
     NoWorkers,
     /// A worker URL is not `http://host:port`.
     #[error("config: worker URL {url:?}: {problem}")]
@@ -32,6 +34,17 @@ pub enum CoreError {
         /// What is wrong (a fixed phrase, e.g. "must have a port").
         problem: &'static str,
     },
+    /// A `--worker-dns` source (TOML `worker_dns`) is malformed ([`crate::discovery`]).
+    #[error("config: --worker-dns {spec:?}: {problem}")]
+    BadDnsSource {
+        /// The spec as given.
+        spec: String,
+        /// What is wrong (a fixed phrase, e.g. "port must be a number 1-65535").
+        problem: &'static str,
+    },
+    /// `dns_server` (`--dns-server`) is not `IP:PORT`.
+    #[error("config: --dns-server {0:?}: expected IP:PORT (e.g. 10.96.0.10:53)")]
+    BadDnsServer(String),
     /// The same worker (after normalisation) is listed twice.
     #[error("config: worker {url} is listed twice")]
     DuplicateWorker {
@@ -94,6 +107,8 @@ impl CoreError {
             | CoreError::ConfigValue { .. }
             | CoreError::NoWorkers
             | CoreError::BadWorkerUrl { .. }
+            | CoreError::BadDnsSource { .. }
+            | CoreError::BadDnsServer(_)
             | CoreError::DuplicateWorker { .. }
             | CoreError::UnknownPolicy(_)
             | CoreError::BadKnob(_)

@@ -21,6 +21,7 @@
 
 pub mod chat_prefix;
 pub mod config;
+pub mod discovery;
 pub mod error;
 pub mod events;
 pub mod health;

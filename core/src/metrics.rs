@@ -180,6 +180,9 @@ pub struct Metrics {
     healthy: Family<Labels, Gauge>,
     breaker: Family<Labels, Gauge>,
     draining: Family<Labels, Gauge>,
+    discovery_errors: Family<Labels, Counter>,
+    discovery_truncations: Family<Labels, Counter>,
+    discovered: Family<Labels, Gauge>,
     scraped: Arc<scrape::ScrapeValues>,
     /// Tells this instance's entries in the per-thread [`HOT`] caches from another's.
     id: u64,
@@ -393,6 +396,9 @@ impl Metrics {
             healthy: Family::default(),
             breaker: Family::default(),
             draining: Family::default(),
+            discovery_errors: Family::default(),
+            discovery_truncations: Family::default(),
+            discovered: Family::default(),
             scraped: Arc::default(),
             registry: Registry::default(),
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -503,6 +509,22 @@ impl Metrics {
             "kvroute_worker_draining",
             "Whether the worker is being drained (1) or not (0)",
             m.draining.clone(),
+        );
+        r.register(
+            "kvroute_discovery_errors",
+            "DNS discovery lookups that gave no usable answer (NXDOMAIN, no records, timeout, \
+             empty answer), by source; the source's last good set of workers is kept",
+            m.discovery_errors.clone(),
+        );
+        r.register(
+            "kvroute_discovery_truncations",
+            "DNS discovery answers cut to dns_max_addresses, by source",
+            m.discovery_truncations.clone(),
+        );
+        r.register(
+            "kvroute_discovery_workers",
+            "Workers a DNS discovery source has in the fleet now, by source",
+            m.discovered.clone(),
         );
         r.register_collector(Box::new(m.scraped.clone()));
         Metrics { registry, ..m }
@@ -754,6 +776,29 @@ impl Metrics {
         ] {
             g.remove(&labels);
         }
+    }
+
+    /// A DNS discovery lookup of `source` (its spec's `NAME:PORT` or `srv:NAME`) gave no
+    /// usable answer (`kvroute_discovery_errors_total{source}`).
+    pub fn on_discovery_error(&self, source: &str) {
+        self.discovery_errors
+            .get_or_create(&vec![("source", source.to_string())])
+            .inc();
+    }
+
+    /// A DNS discovery answer of `source` was cut to the address cap
+    /// (`kvroute_discovery_truncations_total{source}`).
+    pub fn on_discovery_truncated(&self, source: &str) {
+        self.discovery_truncations
+            .get_or_create(&vec![("source", source.to_string())])
+            .inc();
+    }
+
+    /// `source` has `workers` workers in the fleet now (`kvroute_discovery_workers{source}`).
+    pub fn set_discovered_workers(&self, source: &str, workers: usize) {
+        self.discovered
+            .get_or_create(&vec![("source", source.to_string())])
+            .set(workers as i64);
     }
 
     /// Replaces the KV-event streams' numbers exposed from the next scrape on

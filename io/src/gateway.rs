@@ -1,8 +1,8 @@
 //! Turns a [`Config`] into running shards: validates it, builds the worker registry (each
 //! worker resolved and checked once), the router and the metrics, starts the background
 //! threads (health checks, load reports, KV events, the admin API) and [`shard::start`].
-//! Also the fleet's run-time changes, shared by the admin API and SIGHUP:
-//! [`add_worker`], [`drain_worker`], [`remove_worker`].
+//! Also the fleet's run-time changes, shared by the admin API, SIGHUP and DNS discovery
+//! ([`crate::discovery`]): [`add_worker`], [`drain_worker`], [`remove_worker`].
 
 use crate::error::GatewayError;
 use crate::shard::{self, Server};
@@ -45,8 +45,16 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
         .iter()
         .map(|w| parse_worker_spec(w))
         .collect::<Result<Vec<_>, _>>()?;
-    // KV events (issue 5): workers with `;events=…` feed one event index the router reads.
-    let events = if specs.iter().any(|s| s.events.is_some()) {
+    let dns_sources = cfg
+        .worker_dns
+        .iter()
+        .map(|s| kvroute_core::discovery::parse_dns_source(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    // KV events (issue 5): workers with `;events=…` (and DNS sources with `;events_port=P`)
+    // feed one event index the router reads.
+    let events = if specs.iter().any(|s| s.events.is_some())
+        || dns_sources.iter().any(|s| s.events_port.is_some())
+    {
         let index = kvroute_core::events::EventIndex::with_settings(
             &kvroute_core::events::EventIndexSettings {
                 block_size: cfg.block_size,
@@ -72,6 +80,7 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
         router,
         events,
         subscriptions: Default::default(),
+        discovered: Default::default(),
         metrics: Metrics::new(),
         policy_name: cfg.policy.as_str(),
         tokenizers,
@@ -87,6 +96,22 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
     });
     for spec in &specs {
         add_worker(&shared, spec, shared.settings.health_checks.as_ref())?;
+    }
+    if !dns_sources.is_empty() {
+        let server = cfg.dns_server.as_deref().and_then(|s| s.parse().ok());
+        let resolver = crate::discovery::DnsResolver::new(
+            &dns_sources,
+            server,
+            cfg.dns_max_addresses,
+            Duration::from_secs(kvroute_core::config::defaults::DNS_TIMEOUT_SECS),
+        )?;
+        crate::discovery::start(
+            &shared,
+            dns_sources,
+            Duration::from_secs(cfg.dns_refresh_secs),
+            cfg.dns_max_addresses,
+            Box::new(resolver),
+        )?;
     }
     if let Some(checks) = shared.settings.health_checks {
         crate::health::start(&shared, checks)?;
@@ -247,9 +272,10 @@ pub fn reload(shared: &Arc<Shared>, path: &std::path::Path) {
     }
 }
 
-/// Makes the fleet the workers of `specs`: adds those whose URL is not present, removes
-/// (drain first, on a background thread, up to the shutdown grace) those no longer listed.
-/// Returns the ids added and removed.
+/// Makes the static fleet the workers of `specs`: adds those whose URL is not present,
+/// removes (drain first, on a background thread, up to the shutdown grace) those no longer
+/// listed. Workers DNS discovery added are left alone ([`Shared::discovered`]). Returns the
+/// ids added and removed.
 ///
 /// # Errors
 /// A spec that does not parse or a host that does not resolve (nothing is changed then).
@@ -261,11 +287,12 @@ pub fn apply_workers(
         .iter()
         .map(|s| parse_worker_spec(s))
         .collect::<Result<Vec<_>, _>>()?;
+    let discovered = lock(&shared.discovered).clone();
     let gone: Vec<usize> = shared
         .workers
         .iter()
         .iter()
-        .filter(|w| !specs.iter().any(|s| s.url == w.url))
+        .filter(|w| !discovered.contains(&w.id) && !specs.iter().any(|s| s.url == w.url))
         .map(|w| w.id)
         .collect();
     let new: Vec<&WorkerSpec> = specs
@@ -301,6 +328,6 @@ pub fn apply_workers(
     Ok((added, gone))
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

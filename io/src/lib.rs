@@ -17,6 +17,7 @@
 
 pub mod admin;
 pub mod conn;
+pub mod discovery;
 pub mod error;
 pub mod exchange;
 pub mod gateway;

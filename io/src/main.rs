@@ -93,6 +93,23 @@ struct ServeArgs {
     /// Worker base URL, http://HOST:PORT (repeatable).
     #[arg(long = "worker")]
     workers: Vec<String>,
+    /// Workers from DNS (repeatable): NAME:PORT (every A/AAAA address is a worker
+    /// http://ADDR:PORT; a headless Kubernetes service) or srv:NAME (SRV: target and port per
+    /// record), then ;events_port=P;replay_port=P;dp=N;model=NAME;api_key_env=VAR for every
+    /// worker of it. Looked up again every --dns-refresh-secs; a failed lookup keeps the last
+    /// good set.
+    #[arg(long = "worker-dns", value_name = "NAME:PORT|srv:NAME")]
+    worker_dns: Vec<String>,
+    /// Look every --worker-dns source up again this often, s.
+    #[arg(long)]
+    dns_refresh_secs: Option<u64>,
+    /// Most addresses taken from one --worker-dns answer (the lowest are kept).
+    #[arg(long)]
+    dns_max_addresses: Option<usize>,
+    /// Nameserver for --worker-dns, IP:PORT [default: the system's: getaddrinfo for A/AAAA,
+    /// /etc/resolv.conf for SRV].
+    #[arg(long, value_name = "IP:PORT")]
+    dns_server: Option<String>,
     /// Routing policy: round_robin, random, least_request, power_of_two, least_load,
     /// cache_aware, kv_aware, prefix_hash, consistent_hash, pure_affinity, predicted_ttft, or
     /// a preset: smg_cache_aware, dynamo_kv.
@@ -279,6 +296,12 @@ impl ServeArgs {
         if !self.workers.is_empty() {
             cfg.workers = self.workers;
         }
+        if !self.worker_dns.is_empty() {
+            cfg.worker_dns = self.worker_dns;
+        }
+        if self.dns_server.is_some() {
+            cfg.dns_server = self.dns_server;
+        }
         if let Some(v) = self.policy {
             cfg.policy = v.parse().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
         }
@@ -353,6 +376,8 @@ impl ServeArgs {
             };
         }
         overlay!(
+            dns_refresh_secs,
+            dns_max_addresses,
             health_check_interval_secs,
             health_check_timeout_secs,
             health_failure_threshold,
@@ -677,6 +702,8 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
             "tokenize_cache_tokens",
             defaults::TOKENIZE_CACHE_TOKENS.to_string(),
         ),
+        ("dns_refresh_secs", defaults::DNS_REFRESH_SECS.to_string()),
+        ("dns_max_addresses", defaults::DNS_MAX_ADDRESSES.to_string()),
         (
             "health_check_interval_secs",
             defaults::HEALTH_CHECK_INTERVAL_SECS.to_string(),
@@ -999,6 +1026,67 @@ mod tests {
 
     fn lo() -> std::net::IpAddr {
         "127.0.0.1".parse().unwrap()
+    }
+
+    fn serve_config(argv: &[&str]) -> anyhow::Result<Config> {
+        let m = with_defaults(Cli::command())
+            .try_get_matches_from(["kvroute", "serve"].iter().chain(argv))?;
+        match Cli::from_arg_matches(&m)?.command {
+            Command::Serve(a) => a.into_config(),
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    /// `--worker-dns` is repeatable, the DNS flags reach the config, and a malformed source
+    /// is refused naming the flag.
+    #[test]
+    fn serve_dns_flags() {
+        let cfg = serve_config(&[
+            "--worker-dns",
+            "vllm.default.svc.cluster.local:8000;events_port=5557",
+            "--worker-dns",
+            "srv:_http._tcp.sglang.default.svc.cluster.local",
+            "--dns-refresh-secs",
+            "5",
+            "--dns-max-addresses",
+            "64",
+            "--dns-server",
+            "10.96.0.10:53",
+        ])
+        .unwrap();
+        assert_eq!(
+            cfg.worker_dns,
+            vec![
+                "vllm.default.svc.cluster.local:8000;events_port=5557".to_string(),
+                "srv:_http._tcp.sglang.default.svc.cluster.local".to_string()
+            ]
+        );
+        assert_eq!(
+            (
+                cfg.dns_refresh_secs,
+                cfg.dns_max_addresses,
+                cfg.dns_server.as_deref()
+            ),
+            (5, 64, Some("10.96.0.10:53"))
+        );
+        assert!(cfg.validate().is_ok());
+        let d = serve_config(&[]).unwrap();
+        assert_eq!(
+            (d.dns_refresh_secs, d.dns_max_addresses, d.dns_server),
+            (
+                defaults::DNS_REFRESH_SECS,
+                defaults::DNS_MAX_ADDRESSES,
+                None
+            )
+        );
+        let err = serve_config(&["--worker-dns", "vllm:0"])
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "config: --worker-dns \"vllm:0\": port must be a number 1-65535"
+        );
     }
 
     #[test]

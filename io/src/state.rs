@@ -106,6 +106,9 @@ pub struct Shared {
     pub events: Option<crate::zmq::SharedEvents>,
     /// The KV-event subscription of each worker that publishes events, by worker id.
     pub subscriptions: Mutex<std::collections::HashMap<usize, crate::zmq::Subscription>>,
+    /// Ids of the workers DNS discovery added ([`crate::discovery`]), until their removal
+    /// ends: a SIGHUP reload of the static `workers` leaves them alone.
+    pub discovered: Mutex<std::collections::HashSet<usize>>,
     /// Prometheus metrics.
     pub metrics: Metrics,
     /// The policy's name, for metric labels.

@@ -220,3 +220,18 @@ pub const CLIENT_IDLE_TIMEOUT_SECS: u64 = 75;
 /// streaming request holds one client and one worker connection; 4,096 per core stays well
 /// under the 1,048,576 open files a systemd service gets by default.
 pub const MAX_CONNECTIONS_PER_SHARD: usize = 4_096;
+/// DNS discovery (`--worker-dns`): every name is looked up again this often, s. 30 s is the
+/// TTL Kubernetes' cluster DNS gives its answers (the `kubernetes` plugin's `ttl 30` and
+/// `cache 30` of the Corefile kubeadm installs; kubernetes/kubernetes#76238 raised CoreDNS'
+/// 5 s to kube-dns' 30 s): looking sooner mostly re-reads the cluster DNS cache. A pod that
+/// leaves is drained by its failed requests and health checks long before that anyway.
+pub const DNS_REFRESH_SECS: u64 = 30;
+/// DNS discovery: most addresses taken from one name's answer, workers; the rest of a longer
+/// answer is dropped (the lowest addresses are kept, so the choice does not change with the
+/// order a DNS server rotates its records in), logged and counted
+/// (`kvroute_discovery_truncations_total`). 1,024 is the fleet kvroute's event index is
+/// measured at (README, `kvroute bench index`), and a bound on what one bad zone can add.
+pub const DNS_MAX_ADDRESSES: usize = 1024;
+/// DNS discovery: time allowed for one query, s, tried twice per nameserver: the `timeout:5`
+/// and `attempts:2` defaults of resolv.conf(5), which hickory-resolver follows.
+pub const DNS_TIMEOUT_SECS: u64 = 5;

@@ -412,6 +412,20 @@ pub struct Config {
     /// Worker specs, `http://host:port` optionally followed by `;events=tcp://h:p;replay=tcp://h:p;dp=N`
     /// ([`parse_worker_spec`]); ids are positions in this list.
     pub workers: Vec<String>,
+    /// DNS discovery sources, `NAME:PORT` or `srv:NAME` with `;key=value` options
+    /// ([`crate::discovery::parse_dns_source`]): each answer's addresses are workers, looked
+    /// up again every `dns_refresh_secs`; they join the static `workers`.
+    pub worker_dns: Vec<String>,
+    /// DNS discovery: look every source up again this often, s
+    /// ([`defaults::DNS_REFRESH_SECS`]); > 0.
+    pub dns_refresh_secs: u64,
+    /// DNS discovery: most addresses taken from one source's answer
+    /// ([`defaults::DNS_MAX_ADDRESSES`]); > 0.
+    pub dns_max_addresses: usize,
+    /// DNS discovery: the nameserver to ask, `IP:PORT` (unset = the system's: A/AAAA through
+    /// getaddrinfo, which honours /etc/hosts and nsswitch as `--worker` hosts do, SRV through
+    /// /etc/resolv.conf's nameservers, search list and ndots).
+    pub dns_server: Option<String>,
     /// Routing policy ([`defaults::POLICY`]).
     pub policy: PolicyKind,
     /// cache_aware match-ratio threshold, 0–1 ([`defaults::CACHE_THRESHOLD`]).
@@ -528,6 +542,10 @@ impl Default for Config {
             listen: defaults::LISTEN.to_string(),
             shards: None,
             workers: Vec::new(),
+            worker_dns: Vec::new(),
+            dns_refresh_secs: defaults::DNS_REFRESH_SECS,
+            dns_max_addresses: defaults::DNS_MAX_ADDRESSES,
+            dns_server: None,
             policy: defaults::POLICY,
             cache_threshold: defaults::CACHE_THRESHOLD,
             balance_rel_threshold: defaults::BALANCE_REL_THRESHOLD,
@@ -594,7 +612,9 @@ impl Config {
     /// Checks every value; returns the config unchanged when it is usable.
     ///
     /// # Errors
-    /// - [`CoreError::NoWorkers`]: the worker list is empty.
+    /// - [`CoreError::NoWorkers`]: no worker and no `worker_dns` source.
+    /// - [`CoreError::BadDnsSource`]: a `worker_dns` source is malformed
+    ///   ([`crate::discovery::parse_dns_source`]).
     /// - [`CoreError::BadWorkerUrl`]: a worker is not `http://host:port` (see
     ///   [`parse_worker_url`]).
     /// - [`CoreError::DuplicateWorker`]: two workers have the same normalised URL.
@@ -604,8 +624,16 @@ impl Config {
     ///   `cache_index = hash` with `cache_boundaries` empty, containing 0 or not strictly
     ///   ascending (field `cache_boundaries`).
     pub fn validate(self) -> Result<Config, CoreError> {
-        if self.workers.is_empty() {
+        if self.workers.is_empty() && self.worker_dns.is_empty() {
             return Err(CoreError::NoWorkers);
+        }
+        for spec in &self.worker_dns {
+            crate::discovery::parse_dns_source(spec)?;
+        }
+        if let Some(server) = &self.dns_server
+            && server.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(CoreError::BadDnsServer(server.clone()));
         }
         let mut seen = std::collections::HashSet::new();
         for spec in &self.workers {
@@ -689,6 +717,8 @@ impl Config {
             ("request_timeout_secs", self.request_timeout_secs),
             ("upstream_idle_timeout_ms", self.upstream_idle_timeout_ms),
             ("connect_timeout_ms", self.connect_timeout_ms),
+            ("dns_refresh_secs", self.dns_refresh_secs),
+            ("dns_max_addresses", self.dns_max_addresses as u64),
         ] {
             if value == 0 {
                 return bad(field, 0.0, "greater than 0");
@@ -1149,6 +1179,46 @@ mod tests {
     }
 
     /// The admin API needs a key beyond loopback; the failover settings are range-checked.
+    /// DNS sources stand in for static workers; each is checked at start-up, naming the flag.
+    #[test]
+    fn worker_dns_values() {
+        let dns_only = Config {
+            worker_dns: vec!["vllm.default.svc.cluster.local:8000".into()],
+            ..Config::default()
+        };
+        assert_eq!(dns_only.clone().validate(), Ok(dns_only));
+        let cfg = Config::from_toml_str(
+            "worker_dns = [\"srv:_http._tcp.vllm;events_port=5557\"]\ndns_refresh_secs = 5\n\
+             dns_max_addresses = 64\ndns_server = \"127.0.0.1:5353\"",
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
+        assert_eq!(
+            (cfg.dns_refresh_secs, cfg.dns_max_addresses, cfg.dns_server),
+            (5, 64, Some("127.0.0.1:5353".to_string()))
+        );
+        assert_eq!(
+            Config::default().dns_refresh_secs,
+            defaults::DNS_REFRESH_SECS
+        );
+        let err = with(|c| c.worker_dns = vec!["vllm".into()]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "config: --worker-dns \"vllm\": expected NAME:PORT or srv:NAME"
+        );
+        assert_eq!(
+            with(|c| c.dns_server = Some("dns:53".into())),
+            Err(CoreError::BadDnsServer("dns:53".into()))
+        );
+        for f in [
+            (|c: &mut Config| c.dns_refresh_secs = 0) as fn(&mut Config),
+            |c| c.dns_max_addresses = 0,
+        ] {
+            assert!(matches!(with(f), Err(CoreError::ConfigValue { .. })));
+        }
+    }
+
     #[test]
     fn admin_key_and_failover_values() {
         assert!(with(|_| {}).is_ok(), "default admin_listen is loopback");
