@@ -66,128 +66,9 @@ pub struct ByteBpe {
     /// Words of at most 15 bytes are keyed inline ([`short_key`]): one probe touches one
     /// bucket instead of a bucket and a boxed key (with words from the whole vocabulary the
     /// boxed keys were a cache miss each, ~300 ns a word).
-    whole: WordTable,
+    whole: HashMap<u128, u32, BuildHasherDefault<PairHasher>>,
     /// Longer one-token words.
     whole_long: HashMap<Box<[u8]>, u32, BuildHasherDefault<PairHasher>>,
-}
-
-/// Keys per [`Bucket`] of a [`WordTable`].
-const BUCKET_KEYS: usize = 3;
-
-/// One cache line of a [`WordTable`]: up to [`BUCKET_KEYS`] inline keys ([`short_key`]; 0 is
-/// an empty slot: a key's last byte is its length, ≥ 1) and their ids.
-#[derive(Clone, Copy, Default)]
-#[repr(C, align(64))]
-struct Bucket {
-    keys: [u128; BUCKET_KEYS],
-    ids: [u32; BUCKET_KEYS],
-}
-
-/// The one-token words of at most 15 bytes: an open-addressing table of 64-byte buckets, so
-/// a lookup reads one cache line (a probe runs on to the next bucket only when its home is
-/// full, at a load of at most 0.75), and [`WordTable::prefetch`] can start that read early.
-/// Why not a `HashMap<u128, u32>`: its lookup touches a control group and a slot array, two
-/// misses for a cold word, and its slots are not addressable for a prefetch; the
-/// vocabulary's ~150k words (~4 MB here) do not stay in cache between requests, so running
-/// text costs a memory round trip per word (measured: ~250 ns a word at turn 10 of
-/// `kvroute bench decision`).
-#[derive(Clone, Default)]
-struct WordTable {
-    buckets: Vec<Bucket>,
-    len: usize,
-}
-
-impl std::fmt::Debug for WordTable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WordTable")
-            .field("len", &self.len)
-            .field("buckets", &self.buckets.len())
-            .finish()
-    }
-}
-
-impl WordTable {
-    /// A table of `entries` (keys ≠ 0, distinct).
-    fn new(entries: &[(u128, u32)]) -> Self {
-        let n = (entries.len() * 4 / 3).div_ceil(BUCKET_KEYS).max(1);
-        let mut t = Self {
-            buckets: vec![Bucket::default(); n],
-            len: 0,
-        };
-        for &(k, id) in entries {
-            t.insert(k, id);
-        }
-        t
-    }
-
-    /// Home bucket of `key`: the murmur3 finalizer of its halves, scaled to the table
-    /// (multiply-shift, so any table size works).
-    #[inline]
-    fn home(&self, key: u128) -> usize {
-        let mut h = PairHasher::default();
-        h.write_u128(key);
-        ((u128::from(h.finish()) * self.buckets.len() as u128) >> 64) as usize
-    }
-
-    fn insert(&mut self, key: u128, id: u32) {
-        debug_assert!(key != 0);
-        let n = self.buckets.len();
-        let mut b = self.home(key);
-        loop {
-            let bucket = &mut self.buckets[b];
-            for j in 0..BUCKET_KEYS {
-                if bucket.keys[j] == key {
-                    bucket.ids[j] = id;
-                    return;
-                }
-                if bucket.keys[j] == 0 {
-                    bucket.keys[j] = key;
-                    bucket.ids[j] = id;
-                    self.len += 1;
-                    return;
-                }
-            }
-            b = if b + 1 == n { 0 } else { b + 1 };
-        }
-    }
-
-    /// The id of `key`, if present (never for 0, the empty slot).
-    #[inline]
-    fn get(&self, key: u128) -> Option<u32> {
-        if key == 0 {
-            return None;
-        }
-        let n = self.buckets.len();
-        let mut b = self.home(key);
-        loop {
-            let bucket = &self.buckets[b];
-            for j in 0..BUCKET_KEYS {
-                if bucket.keys[j] == key {
-                    return Some(bucket.ids[j]);
-                }
-                if bucket.keys[j] == 0 {
-                    return None;
-                }
-            }
-            b = if b + 1 == n { 0 } else { b + 1 };
-        }
-    }
-
-    /// Starts reading the home bucket of `key` into cache (a hint: no effect on results).
-    #[inline]
-    fn prefetch(&self, key: u128) {
-        let p = &self.buckets[self.home(key)];
-        #[cfg(target_arch = "x86_64")]
-        // Safety: a prefetch reads nothing architecturally and never faults; `p` is a valid
-        // reference anyway.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                (p as *const Bucket).cast::<i8>(),
-            );
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = p;
-    }
 }
 
 /// The inline key of a word of at most 15 bytes: its bytes, zero-padded, and its length in
@@ -239,13 +120,13 @@ impl ByteBpe {
         let mut bpe = Self {
             merges,
             byte_id,
-            whole: WordTable::default(),
+            whole: HashMap::default(),
             whole_long: HashMap::default(),
         };
         let ignore_merges = v["ignore_merges"] == serde_json::Value::Bool(true);
         let char_byte: HashMap<char, u8> =
             (0..=255u8).map(|b| (byte_char[b as usize], b)).collect();
-        let (mut whole, mut whole_long) = (Vec::new(), HashMap::default());
+        let (mut whole, mut whole_long) = (HashMap::default(), HashMap::default());
         let mut out = Vec::new();
         for (token, &id) in &vocab {
             let Some(bytes) = token
@@ -258,14 +139,12 @@ impl ByteBpe {
             out.clear();
             if ignore_merges || bpe.merge(&bytes, &mut out) && out == [id] {
                 match short_key(&bytes) {
-                    Some(k) => whole.push((k, id)),
-                    None => {
-                        whole_long.insert(bytes.into_boxed_slice(), id);
-                    }
-                }
+                    Some(k) => whole.insert(k, id),
+                    None => whole_long.insert(bytes.into_boxed_slice(), id),
+                };
             }
         }
-        bpe.whole = WordTable::new(&whole);
+        bpe.whole = whole;
         bpe.whole_long = whole_long;
         Some(bpe)
     }
@@ -275,10 +154,10 @@ impl ByteBpe {
     /// asks HF).
     pub fn push_word(&self, bytes: &[u8], ids: &mut Vec<u32>) -> bool {
         let one = match short_key(bytes) {
-            Some(k) => self.whole.get(k),
-            None => self.whole_long.get(bytes).copied(),
+            Some(k) => self.whole.get(&k),
+            None => self.whole_long.get(bytes),
         };
-        if let Some(id) = one {
+        if let Some(&id) = one {
             ids.push(id);
             return true;
         }
@@ -286,15 +165,6 @@ impl ByteBpe {
     }
 
     /// The merge loop (module doc) without the one-token shortcut.
-    /// Starts loading what [`Self::push_word`] of `bytes` reads first (a hint for a word a
-    /// few calls ahead: its lookup then finds the line in cache; no effect on results).
-    #[inline]
-    pub fn prefetch_word(&self, bytes: &[u8]) {
-        if let Some(k) = short_key(bytes) {
-            self.whole.prefetch(k);
-        }
-    }
-
     fn merge(&self, bytes: &[u8], ids: &mut Vec<u32>) -> bool {
         if bytes.len() > MAX_WORD_BYTES {
             return false;
@@ -393,24 +263,6 @@ mod tests {
         (hf, ok.then_some(ours))
     }
 
-    proptest! {
-        /// The table answers as a map of the same entries: every key present gives its
-        /// (last) id, every other key none, 0 (the empty slot) included.
-        #[test]
-        fn word_table_equals_a_map(
-            keys in prop::collection::vec(1u128..5000, 0..600),
-            probes in prop::collection::vec(0u128..6000, 0..200),
-        ) {
-            let entries: Vec<(u128, u32)> = keys.iter().enumerate().map(|(i, &k)| (k, i as u32)).collect();
-            let t = WordTable::new(&entries);
-            let map: HashMap<u128, u32> = entries.iter().copied().collect();
-            prop_assert_eq!(t.len, map.len());
-            for k in keys.iter().chain(&probes).chain(&[0]) {
-                prop_assert_eq!(t.get(*k), map.get(k).copied(), "key {}", k);
-            }
-        }
-    }
-
     #[test]
     fn worked_examples() {
         for w in [
@@ -435,13 +287,10 @@ mod tests {
         assert_eq!(both(&long).1, None);
         // The shortcut holds exactly the entries that merge back to themselves.
         let f = fixture();
-        assert!(f.bpe.whole.len > 100_000, "{}", f.bpe.whole.len);
+        assert!(f.bpe.whole.len() > 100_000, "{}", f.bpe.whole.len());
         let mut merged = Vec::new();
         assert!(f.bpe.merge(b" hello", &mut merged));
-        assert_eq!(
-            merged,
-            [f.bpe.whole.get(short_key(b" hello").unwrap()).unwrap()]
-        );
+        assert_eq!(merged, [f.bpe.whole[&short_key(b" hello").unwrap()]]);
         assert_ne!(short_key(b"a"), short_key(b"a\0"));
         assert_eq!(short_key(&[b'x'; 16]), None);
     }

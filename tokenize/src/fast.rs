@@ -24,10 +24,6 @@
 //! on a fixed corpus ([`FastEncoder::new`] refuses the fast path on any difference).
 
 use crate::bpe::ByteBpe;
-
-/// Pre-tokens scanned (and their vocabulary lines prefetched) ahead of the one being merged:
-/// enough to overlap a memory round trip (~100 ns) with the merges of the words before it.
-const PREFETCH_AHEAD: usize = 8;
 use aho_corasick::{AhoCorasick, MatchKind};
 use tokenizers::Model;
 
@@ -135,29 +131,9 @@ impl FastEncoder {
         let model = inner.get_model();
         let mut word = String::with_capacity(32);
         let bytes = piece.as_bytes();
-        // The pre-tokens are found [`PREFETCH_AHEAD`] ahead of their merge, and each one's
-        // vocabulary line prefetched then, so the cache misses of consecutive words overlap.
-        let mut ahead = [(0usize, 0usize); PREFETCH_AHEAD];
-        let (mut found, mut next) = (0usize, 0usize);
-        let mut scan = 0;
-        let mut lookahead = |found: &mut usize, ahead: &mut [(usize, usize); PREFETCH_AHEAD]| {
-            if scan < bytes.len() {
-                let end = next_pre_token(bytes, scan, self.digits);
-                if let Some(bpe) = &self.bpe {
-                    bpe.prefetch_word(&bytes[scan..end]);
-                }
-                ahead[*found % PREFETCH_AHEAD] = (scan, end);
-                *found += 1;
-                scan = end;
-            }
-        };
-        for _ in 0..PREFETCH_AHEAD {
-            lookahead(&mut found, &mut ahead);
-        }
-        while next < found {
-            let (i, end) = ahead[next % PREFETCH_AHEAD];
-            next += 1;
-            lookahead(&mut found, &mut ahead);
+        let mut i = 0;
+        while i < bytes.len() {
+            let end = next_pre_token(bytes, i, self.digits);
             let merged = self
                 .bpe
                 .as_ref()
@@ -169,6 +145,7 @@ impl FastEncoder {
                     ids.push(t.id);
                 }
             }
+            i = end;
         }
         Ok(())
     }
