@@ -41,11 +41,11 @@
 
 use crate::CoreError;
 use crate::route_key::{Endpoint, Messages, RouteKey, TokenSource, key_from_fields, parse_fields};
-use crate::tokens::ShardTokenizers;
+use crate::tokens::{BlockKeyMemo, BlockKeys, ShardTokenizers};
 use kvroute_tokenize::native::{self, PlainMessage, RenderOptions};
 use kvroute_tokenize::{IncrementalTokenizer, TokenizeError};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use xxhash_rust::xxh3::Xxh3;
 
 /// At most this many cached-prefix lookups per request, from its last message end back.
@@ -81,21 +81,126 @@ struct Prefix {
     /// The last covered message would be wrapped if it were a body's last
     /// ([`native::think_wrapped`]).
     last_wrappable: bool,
-    /// Token ids of the template text of the covered messages: `ids[..tokens]`.
-    ids: Arc<Vec<u32>>,
+    /// Token ids of the template text of the covered messages: the first `tokens` of `ids`.
+    ids: Arc<Chain<Vec<u32>>>,
     tokens: usize,
-    /// Routing text ([`RouteKey::text`]) of the covered messages: `text[..text_len]`. (Their
-    /// media keys are none: a message in scope has string content.)
-    text: Arc<String>,
+    /// Routing text ([`RouteKey::text`]) of the covered messages: the first `text_len` bytes
+    /// of `text`. (Their media keys are none: a message in scope has string content.)
+    text: Arc<Chain<String>>,
     text_len: usize,
+    /// Block keys of the ids of the request that made this entry, once the router computed
+    /// them ([`crate::tokens::BlockKeyMemo`]); shared by that request's entries.
+    block_keys: Arc<OnceLock<Arc<BlockKeys>>>,
+}
+
+/// Most links in a [`Chain`]: a longer one is copied into a single link, so reading a prefix
+/// costs at most this many segment copies (and the copy, every `MAX_LINKS` turns of a
+/// conversation, amortises to O(new) per turn).
+const MAX_LINKS: usize = 16;
+
+/// What a [`Chain`] link holds: a `Vec<u32>` of ids or a `String` of text.
+trait Seq: Default {
+    /// Length (ids, or bytes).
+    fn seq_len(&self) -> usize;
+    /// Appends the first `n` items of `self` to `out` (text: `n` is a char boundary).
+    fn push_head(&self, n: usize, out: &mut Self);
+}
+
+impl Seq for Vec<u32> {
+    fn seq_len(&self) -> usize {
+        self.len()
+    }
+    fn push_head(&self, n: usize, out: &mut Self) {
+        out.extend_from_slice(&self[..n]);
+    }
+}
+
+impl Seq for String {
+    fn seq_len(&self) -> usize {
+        self.len()
+    }
+    fn push_head(&self, n: usize, out: &mut Self) {
+        out.push_str(&self[..n]);
+    }
+}
+
+/// An immutable sequence shared by cache entries without copying it per turn: the first
+/// `parent.1` items of `parent.0`, then `own`. A turn's entries link to the prefix they
+/// extend and hold only the new items, so caching a turn costs O(new). A link keeps its
+/// ancestors alive after their own entries are evicted; [`Prefix::cost`] charges an entry
+/// for everything it reads, and a child reads all of its parent ([`Chain::extend`]), so the
+/// budget bounds memory as it did when each request's entries shared one flat buffer.
+#[derive(Debug, Default)]
+struct Chain<S> {
+    parent: Option<(Arc<Chain<S>>, usize)>,
+    own: S,
+    /// Links from here to the root, this one included.
+    links: usize,
+}
+
+impl<S: Seq> Chain<S> {
+    /// A root link holding `own`.
+    fn root(own: S) -> Self {
+        Self {
+            parent: None,
+            own,
+            links: 1,
+        }
+    }
+
+    /// Items in the whole chain.
+    fn len(&self) -> usize {
+        self.parent.as_ref().map_or(0, |p| p.1) + self.own.seq_len()
+    }
+
+    /// Appends the chain's first `n` items (`n <= self.len()`) to `out`.
+    fn push_head(&self, mut n: usize, out: &mut S) {
+        let mut segments: [Option<(&S, usize)>; MAX_LINKS] = [None; MAX_LINKS];
+        let mut count = 0;
+        let mut link = Some(self);
+        while let Some(l) = link {
+            let before = l.parent.as_ref().map_or(0, |p| p.1);
+            if n > before {
+                segments[count] = Some((&l.own, n - before));
+                count += 1;
+                n = before;
+            }
+            link = l.parent.as_ref().map(|p| &*p.0);
+            if n == 0 {
+                break;
+            }
+        }
+        for (own, k) in segments[..count].iter().rev().flatten() {
+            own.push_head(*k, out);
+        }
+    }
+
+    /// The chain of the first `n` items of `parent` then `own`: a new link when it reads all
+    /// of `parent` (a conversation that grew), else (an edited turn, or `parent` has
+    /// [`MAX_LINKS`] links already) one root link holding a copy of everything, so a link
+    /// never keeps items alive that no entry reads past its own.
+    fn extend(parent: &Arc<Self>, n: usize, own: S) -> Self {
+        if n == parent.len() && parent.links < MAX_LINKS {
+            return Self {
+                parent: Some((Arc::clone(parent), n)),
+                own,
+                links: parent.links + 1,
+            };
+        }
+        let mut all = S::default();
+        parent.push_head(n, &mut all);
+        own.push_head(own.seq_len(), &mut all);
+        Self::root(all)
+    }
 }
 
 impl Prefix {
-    /// Budget charge, token-equivalents: ids, plus the text at 4 bytes per token. Charged per
+    /// Budget charge, token-equivalents: ids, the text at 4 bytes per token, and the block
+    /// keys (8 bytes a block, at 16 tokens a block or more: 1/8 of the ids). Charged per
     /// entry although entries of one request share buffers, so the budget bounds memory from
     /// above.
     fn cost(&self) -> usize {
-        self.tokens + self.text_len.div_ceil(4)
+        self.tokens + self.text_len.div_ceil(4) + self.tokens.div_ceil(8)
     }
 }
 
@@ -473,7 +578,7 @@ impl ShardTokenizers {
         }
         let mut fields = parse_fields(&others).ok()?;
         let mut text = String::with_capacity(prefix.text_len + body.len() - prefix.bytes);
-        text.push_str(&prefix.text[..prefix.text_len]);
+        prefix.text.push_head(prefix.text_len, &mut text);
         let first = prefix.messages;
         let count = first + parsed.msgs.len();
         let mut b = Boundaries::default();
@@ -499,7 +604,7 @@ impl ShardTokenizers {
             return None;
         }
         let mut ids = Vec::with_capacity(prefix.tokens + (body.len() - prefix.bytes) / 3 + 8);
-        ids.extend_from_slice(&prefix.ids[..prefix.tokens]);
+        prefix.ids.push_head(prefix.tokens, &mut ids);
         let mut rendered = String::new();
         for (j, m) in parsed.msgs.iter().enumerate() {
             rendered.clear();
@@ -514,13 +619,28 @@ impl ShardTokenizers {
         if !rendered.is_empty() {
             ids.extend(t.tokenizer().try_encode(&rendered).ok()?);
         }
+        let slot = Arc::new(OnceLock::new());
+        let reuse = prefix
+            .block_keys
+            .get()
+            .map(|k| (Arc::clone(k), prefix.tokens));
+        key.block_key_memo = BlockKeyMemo::new(reuse, Arc::clone(&slot));
         let cached = Cached {
             key: prefix.key,
             tokenizer: t.cache_id(),
-            ids: &ids[..upto],
-            text: &key.text,
+            block_keys: slot,
+            ids: Chain::extend(
+                &prefix.ids,
+                prefix.tokens,
+                ids[prefix.tokens..upto].to_vec(),
+            ),
+            text: Chain::extend(
+                &prefix.text,
+                prefix.text_len,
+                key.text[prefix.text_len..].to_string(),
+            ),
         };
-        insert(&chat, body, cands, &b, first, &cached);
+        insert(&chat, body, cands, &b, first, cached);
         key.input_ids = Some(ids).filter(|v| !v.is_empty());
         if key.input_ids.is_some() {
             key.token_source = TokenSource::Prompt;
@@ -590,13 +710,16 @@ impl ShardTokenizers {
             b.push_tokens(n.unwrap_or(0), wrapped[j] || n.is_none());
         }
         let upto = tokens.iter().flatten().copied().max().unwrap_or(0);
+        let slot = Arc::new(OnceLock::new());
+        key.block_key_memo = BlockKeyMemo::new(None, Arc::clone(&slot));
         let cached = Cached {
             key: layout.key,
             tokenizer: t.cache_id(),
-            ids: &ids[..upto],
-            text: &key.text,
+            block_keys: slot,
+            ids: Chain::root(ids[..upto].to_vec()),
+            text: Chain::root(key.text.clone()),
         };
-        insert(&chat, body, cands, &b, 0, &cached);
+        insert(&chat, body, cands, &b, 0, cached);
         key.input_ids = Some(ids).filter(|v| !v.is_empty());
         if key.input_ids.is_some() {
             key.token_source = TokenSource::Prompt;
@@ -607,11 +730,12 @@ impl ShardTokenizers {
 
 /// What a request's cached prefixes share: the `messages` key's offset, the tokenizer, and
 /// the ids and routing text up to (at least) its last cached message end.
-struct Cached<'a> {
+struct Cached {
     key: usize,
     tokenizer: usize,
-    ids: &'a [u32],
-    text: &'a str,
+    block_keys: Arc<OnceLock<Arc<BlockKeys>>>,
+    ids: Chain<Vec<u32>>,
+    text: Chain<String>,
 }
 
 /// Per message of a request (from its first new one): where it ends in the body, and the
@@ -690,14 +814,16 @@ fn insert(
     cands: &[(usize, u128)],
     b: &Boundaries,
     first: usize,
-    c: &Cached<'_>,
+    c: Cached,
 ) {
     let n = b.body_end.len();
     if n == 0 {
         return;
     }
-    let ids = Arc::new(c.ids.to_vec());
-    let text = Arc::new(c.text.to_string());
+    debug_assert!(b.tokens.iter().all(|&t| t <= c.ids.len()));
+    debug_assert!(b.text_len.iter().all(|&t| t <= c.text.len()));
+    let ids = Arc::new(c.ids);
+    let text = Arc::new(c.text);
     let mut out = Vec::with_capacity(ENTRIES_PER_REQUEST);
     for j in n.saturating_sub(ENTRIES_PER_REQUEST)..n {
         if b.skip[j] {
@@ -719,6 +845,7 @@ fn insert(
             tokens: b.tokens[j],
             text: Arc::clone(&text),
             text_len: b.text_len[j],
+            block_keys: Arc::clone(&c.block_keys),
         };
         out.push((hash, p));
     }
@@ -798,6 +925,52 @@ mod tests {
         let generation = qwen().encode("<|im_start|>assistant\n").len();
         assert_eq!(a2.reused, k1.input_ids.as_ref().unwrap().len() - generation);
         assert_eq!((k2, false), reference(&mut r, &b2).unwrap());
+    }
+
+    #[test]
+    fn a_turn_reuses_the_block_keys_of_the_turn_before_at_their_block_size_only() {
+        use crate::config::Config;
+        use crate::policy::Router;
+        let mut s = shard(1 << 20);
+        let m = |role: &str, c: String| json!({"role": role, "content": c});
+        let long: String = (0..300).map(|i| format!(" w{}", i % 50)).collect();
+        let mut msgs = vec![m("system", long), m("user", "first question".into())];
+        let r16 = Router::new(&Config {
+            block_size: 16,
+            ..Config::default()
+        });
+        let r8 = Router::new(&Config {
+            block_size: 8,
+            ..Config::default()
+        });
+        let mut known = Vec::new();
+        for turn in 0..4 {
+            let b = serde_json::to_vec(&json!({"model": "m", "cache_salt": "x", "messages": msgs}))
+                .unwrap();
+            let (key, _) = routed(&mut s, &b).unwrap();
+            let ids = key.input_ids.as_deref().unwrap();
+            known.push(key.block_key_memo.known(key.namespace, 16).len());
+            // The 8-token router never finds keys of its block size in the memo (r16 fills
+            // it first), and computes them all; both equal the whole computation.
+            assert!(key.block_key_memo.known(key.namespace, 8).is_empty());
+            assert!(key.block_key_memo.known(key.namespace ^ 1, 16).is_empty());
+            let f16 = r16.request(&key);
+            let f8 = r8.request(&key);
+            assert_eq!(
+                f16.block_keys,
+                kvroute_index::keys::block_keys_in(key.namespace, ids, 16)
+            );
+            assert_eq!(
+                f8.block_keys,
+                kvroute_index::keys::block_keys_in(key.namespace, ids, 8)
+            );
+            msgs.push(m("assistant", format!("answer {turn}")));
+            msgs.push(m("user", format!("question {turn}")));
+        }
+        // Turn 1 is a miss (nothing known); every later turn knows at least the blocks of the
+        // long system message (~300 tokens / 16).
+        assert_eq!(known[0], 0);
+        assert!(known[1..].iter().all(|&k| k >= 300 / 16), "{known:?}");
     }
 
     #[test]
@@ -988,6 +1161,11 @@ mod tests {
             let mut g = SHARDS.get_or_init(|| Mutex::new((shard(0), shard(0)))).lock().unwrap_or_else(|p| p.into_inner());
             let (s, r) = &mut *g;
             s.chat = ChatCache::shared(1 << 16);
+            // Two routers at different block sizes read the keys' memos in turn: each turn's
+            // block keys must be the whole computation's, whichever of them filled the memo.
+            let routers = [4, 16].map(|block_size| {
+                crate::policy::Router::new(&crate::config::Config { block_size, ..Default::default() })
+            });
             let mut msgs = start;
             for (turn, e) in std::iter::once(Edit::Same).chain(std::iter::once(Edit::Same)).chain(edits).enumerate() {
                 match e {
@@ -1001,6 +1179,13 @@ mod tests {
                 let (key, a) = routed(s, &b).unwrap();
                 let (want, failed) = reference(r, &b).unwrap();
                 prop_assert_eq!(a.failed, failed);
+                for router in routers.iter().cycle().skip(turn % 2).take(2) {
+                    let facts = router.request(&key);
+                    let want_keys = key.input_ids.as_deref().map_or(Vec::new(), |ids| {
+                        kvroute_index::keys::block_keys_in(key.namespace, ids, facts.block_size)
+                    });
+                    prop_assert_eq!(&facts.block_keys, &want_keys);
+                }
                 prop_assert_eq!(key, want);
                 // The same body again: a hit when in scope, unless its last message is an
                 // assistant's after the query (never cached as a last message).

@@ -55,6 +55,9 @@ pub struct RouteKey {
     /// `x-session-id` (Ray Serve's convention, anchors.md §5); set by the transport, `None`
     /// when neither is present.
     pub session: Option<String>,
+    /// Block keys shared with an earlier request, set by the chat prefix cache (a cache:
+    /// always equal, see [`crate::tokens::BlockKeyMemo`]).
+    pub block_key_memo: crate::tokens::BlockKeyMemo,
 }
 
 /// Where a [`RouteKey`]'s token ids came from (issue 4 order: body, header, prompt).

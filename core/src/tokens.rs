@@ -24,7 +24,7 @@ use kvroute_tokenize::incremental::{PrefixCache, SharedPrefixCache};
 use kvroute_tokenize::{IncrementalTokenizer, TokenizeError, Tokenizer};
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// `--tokenizer` value naming the Qwen3 tokenizer embedded in the binary (no file needed).
 pub const BUILTIN_QWEN3: &str = "builtin:qwen3";
@@ -161,6 +161,101 @@ impl Tokenizers {
                 .collect(),
             chat: Arc::clone(&self.chat),
         }
+    }
+}
+
+/// Block keys of a request's ids in one namespace at one block size (what
+/// [`crate::policy::Router::request`] computes), kept for the requests that extend it.
+#[derive(Debug)]
+pub struct BlockKeys {
+    /// [`RouteKey::namespace`] they were computed in.
+    pub namespace: u64,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// [`kvroute_index::keys::block_keys_in`] of the ids: one per full block.
+    pub keys: Vec<u64>,
+}
+
+/// The block keys a [`RouteKey`]'s ids share with an earlier request (the chat prefix cache
+/// sets it, [`crate::chat_prefix`]): that request's keys and how many of this key's first
+/// ids they were computed over, and a slot where [`crate::policy::Router::request`] leaves
+/// this key's own keys for the next turn. So a turn's block keys cost its new blocks only.
+///
+/// A cache riding on the key, not part of its value: any two memos compare equal. It is
+/// valid for the ids [`ShardTokenizers::route`] gave the key; a caller that replaces
+/// `input_ids` must reset it (`BlockKeyMemo::default()`).
+#[derive(Clone, Default)]
+pub struct BlockKeyMemo {
+    reuse: Option<(Arc<BlockKeys>, usize)>,
+    fill: Option<Arc<OnceLock<Arc<BlockKeys>>>>,
+}
+
+impl BlockKeyMemo {
+    /// A memo reusing `reuse` (keys of an earlier request whose first `tokens` ids are this
+    /// key's first `tokens`) and leaving this key's keys in `fill`.
+    pub(crate) fn new(
+        reuse: Option<(Arc<BlockKeys>, usize)>,
+        fill: Arc<OnceLock<Arc<BlockKeys>>>,
+    ) -> Self {
+        Self {
+            reuse,
+            fill: Some(fill),
+        }
+    }
+
+    /// Keys of the key's first `n` full blocks in namespace `ns` at `block_size` that an
+    /// earlier request computed (`n` = the shared ids / `block_size`); empty when there are
+    /// none, or they were computed in another namespace or at another block size.
+    pub fn known(&self, ns: u64, block_size: usize) -> &[u64] {
+        match &self.reuse {
+            Some((k, tokens)) if k.namespace == ns && k.block_size == block_size => {
+                &k.keys[..k.keys.len().min(tokens / block_size)]
+            }
+            _ => &[],
+        }
+    }
+
+    /// Leaves `keys` (of the key's whole ids in `ns` at `block_size`) for the requests that
+    /// extend this one; the first call wins, later ones do nothing.
+    pub fn keep(&self, ns: u64, block_size: usize, keys: &[u64]) {
+        if let Some(slot) = &self.fill {
+            slot.get_or_init(|| {
+                Arc::new(BlockKeys {
+                    namespace: ns,
+                    block_size,
+                    keys: keys.to_vec(),
+                })
+            });
+        }
+    }
+}
+
+impl BlockKeyMemo {
+    /// The key's own block keys in `ns` at `block_size`, when [`Self::keep`] left them.
+    pub fn kept(&self, ns: u64, block_size: usize) -> Option<Arc<BlockKeys>> {
+        self.fill
+            .as_ref()?
+            .get()
+            .filter(|k| k.namespace == ns && k.block_size == block_size)
+            .cloned()
+    }
+}
+
+impl PartialEq for BlockKeyMemo {
+    /// Always true: a memo is a cache, not part of a key's value.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for BlockKeyMemo {}
+
+impl std::fmt::Debug for BlockKeyMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockKeyMemo")
+            .field("reuse_tokens", &self.reuse.as_ref().map(|r| r.1))
+            .field("fill", &self.fill.is_some())
+            .finish()
     }
 }
 

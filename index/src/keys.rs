@@ -128,6 +128,33 @@ pub fn text_page_keys(ns: crate::Namespace, text: &[u8], page_bytes: usize) -> V
     out
 }
 
+/// [`block_keys_in`]`(ns, tokens, block_size)` when the keys of its first `known.len()`
+/// blocks are already known: those are copied and the chain goes on from the last, so the
+/// cost is O(blocks not known). `known` must be `block_keys_in(ns, t, block_size)` of some
+/// `t` that `tokens` starts with; at most `tokens.len() / block_size` of it is used.
+///
+/// # Panics
+/// If `block_size` is 0.
+pub fn block_keys_after(
+    ns: crate::Namespace,
+    tokens: &[u32],
+    block_size: usize,
+    known: &[u64],
+) -> Vec<u64> {
+    assert!(block_size > 0, "block_size must be > 0");
+    let blocks = tokens.len() / block_size;
+    let known = &known[..known.len().min(blocks)];
+    let mut out = Vec::with_capacity(blocks);
+    out.extend_from_slice(known);
+    let mut parent = known.last().copied().or(root(ns));
+    for block in tokens[known.len() * block_size..].chunks_exact(block_size) {
+        let k = chain(parent, local_hash(block));
+        out.push(k);
+        parent = Some(k);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +181,29 @@ mod tests {
         // The in-place hash equals the byte-by-byte one.
         for t in [&t1[..], &t2[..], &long[..], &[]] {
             assert_eq!(local_hash(t), local_hash_portable(t));
+        }
+    }
+
+    /// Continuing from any known head of the chain gives the whole chain.
+    #[test]
+    fn continuing_a_known_head_equals_the_whole_chain() {
+        let tokens: Vec<u32> = (0..200).map(|i| i * 7919 % 1000).collect();
+        for ns in [0, 0x1234_5678_9abc_def0] {
+            for bs in [1, 4, 16] {
+                let whole = block_keys_in(ns, &tokens, bs);
+                for cut in 0..=whole.len() + 2 {
+                    let head = &whole[..cut.min(whole.len())];
+                    for len in [tokens.len(), tokens.len() - 3, cut * bs] {
+                        let len = len.min(tokens.len());
+                        let got = block_keys_after(ns, &tokens[..len], bs, head);
+                        assert_eq!(
+                            got,
+                            block_keys_in(ns, &tokens[..len], bs),
+                            "{ns} {bs} {cut} {len}"
+                        );
+                    }
+                }
+            }
         }
     }
 

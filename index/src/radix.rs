@@ -89,6 +89,11 @@ struct Node {
     children: Vec<(u64, NodeId)>,
     /// Sorted by tenant.
     holders: Vec<Holder>,
+    /// Page mode: the block key ([`crate::keys::block_keys_in`] in the node's namespace) of
+    /// the last page of the path through this edge, when an insert that knew its keys made
+    /// or passed the node; `None` otherwise (char mode, root and namespace nodes, keyless
+    /// inserts). A keyed walk compares it instead of the edge's bytes.
+    end: Option<u64>,
 }
 
 impl Node {
@@ -139,6 +144,7 @@ impl Radix {
             parent: NO_PARENT,
             children: Vec::new(),
             holders: Vec::new(),
+            end: None,
         };
         Self {
             unit,
@@ -251,7 +257,7 @@ impl Radix {
 
     /// Splits `child`'s edge after `at` bytes (a unit boundary strictly inside the edge): a
     /// new node takes the head and the child's tenants and becomes the child's parent.
-    fn split(&mut self, child: NodeId, at: usize) -> NodeId {
+    fn split(&mut self, child: NodeId, at: usize, end: Option<u64>) -> NodeId {
         let unit = self.unit;
         let (parent, key, head, tail, holders) = {
             let c = self.node(child);
@@ -277,6 +283,7 @@ impl Radix {
             parent,
             children: vec![(tail_key, child)],
             holders,
+            end,
         });
         // `alloc` counted the head; the child's edge shrinks by as much.
         self.stored_units -= head_units;
@@ -304,6 +311,7 @@ impl Radix {
         edge: &[u8],
         tenant: TenantId,
         now: u64,
+        end: Option<u64>,
     ) -> NodeId {
         let units = self.unit.count(edge);
         let id = self.alloc(Node {
@@ -317,6 +325,7 @@ impl Radix {
                 children: 0,
                 clock: now,
             }],
+            end,
         });
         self.add_units(tenant, units);
         self.bump_parent_count(parent, tenant, 1);
@@ -325,8 +334,16 @@ impl Radix {
     }
 
     /// Records `bytes` (whole units) for `tenant` in namespace `ns`, one clock tick, then
-    /// evicts down to the budget. Empty input only ticks the clock.
-    pub(crate) fn insert(&mut self, ns: Namespace, bytes: &[u8], tenant: TenantId) {
+    /// evicts down to the budget. Empty input only ticks the clock. `keys`: page mode only,
+    /// the block key of each page of `bytes` in `ns` (see [`Node::end`]; `None`: not known,
+    /// edges are compared byte by byte).
+    pub(crate) fn insert(
+        &mut self,
+        ns: Namespace,
+        bytes: &[u8],
+        tenant: TenantId,
+        keys: Option<&[u64]>,
+    ) {
         self.clock += 1;
         let now = self.clock;
         if bytes.is_empty() {
@@ -335,8 +352,11 @@ impl Radix {
         let unit = self.unit;
         let nsn = match self.ns_node(ns) {
             Some(n) => n,
-            None => self.add_leaf(ROOT, ns, &[], tenant, now),
+            None => self.add_leaf(ROOT, ns, &[], tenant, now, None),
         };
+        // The key of the last page of the first `units` units of `bytes`.
+        let end_at = |units: usize| keys.map(|k| k[units - 1]);
+        let mut units = 0usize;
         // The deepest path node that listed `tenant` before this insert: the only one that
         // can have been its leaf (tenant nodes are prefix-closed).
         let mut last_held: Option<(u64, NodeId)> = self.touch(nsn, tenant, now).map(|c| (c, nsn));
@@ -345,20 +365,38 @@ impl Radix {
         while !rest.is_empty() {
             let key = unit.key(rest);
             let Some(child) = self.node(cur).child(key) else {
-                cur = self.add_leaf(cur, key, rest, tenant, now);
+                let end = end_at(units + unit.count(rest));
+                cur = self.add_leaf(cur, key, rest, tenant, now, end);
                 break;
             };
-            let edge = &self.node(child).edge;
-            let common = unit.common(edge, rest);
+            let node = self.node(child);
+            let (edge, edge_units) = (&node.edge, node.edge_units as usize);
+            // A whole edge matches on most of a long path: the key of its last page (when
+            // both are known), else one comparison of its bytes; else the common prefix.
+            let whole = rest.len() >= edge.len()
+                && match (node.end, end_at(units + edge_units)) {
+                    (Some(a), Some(b)) => a == b,
+                    _ => rest[..edge.len()] == **edge,
+                };
+            let common = if whole {
+                edge.len()
+            } else {
+                unit.common(edge, rest)
+            };
             if common == 0 {
                 // Page digest collision: the rest is not recorded (counts as a miss, SMG).
                 break;
             }
             let next = if common == edge.len() {
+                if self.node(child).end.is_none() {
+                    self.node_mut(child).end = end_at(units + edge_units);
+                }
                 child
             } else {
-                self.split(child, common)
+                let end = end_at(units + unit.count(&rest[..common]));
+                self.split(child, common, end)
             };
+            units += self.node(next).edge_units as usize;
             if let Some(c) = self.touch(next, tenant, now) {
                 last_held = Some((c, next));
             }
@@ -390,7 +428,7 @@ impl Radix {
         max_tenants: usize,
     ) -> RadixMatch {
         let mut deepest = None;
-        self.walk(ns, bytes, |node, units| deepest = Some((node, units)));
+        self.walk(ns, bytes, None, |node, units| deepest = Some((node, units)));
         match deepest {
             Some((node, units)) => RadixMatch {
                 units,
@@ -404,9 +442,16 @@ impl Radix {
     /// longest one (the depth of the deepest matched node listing it), sorted by tenant.
     /// Tenants holding none are absent. Cost: the walk of [`Self::match_prefix`] plus the
     /// holders of the nodes on the path.
-    pub(crate) fn match_depths(&self, ns: Namespace, bytes: &[u8]) -> Vec<(TenantId, usize)> {
+    /// `keys`: as [`Self::insert`]'s (a node's edge then matches when its end key equals the
+    /// request's key at that depth, without reading the edge).
+    pub(crate) fn match_depths(
+        &self,
+        ns: Namespace,
+        bytes: &[u8],
+        keys: Option<&[u64]>,
+    ) -> Vec<(TenantId, usize)> {
         let mut path = Vec::new();
-        self.walk(ns, bytes, |node, units| path.push((node, units)));
+        self.walk(ns, bytes, keys, |node, units| path.push((node, units)));
         let mut depths: Vec<(TenantId, usize)> = Vec::new();
         // Deepest first: a tenant's first appearance is its deepest node.
         for &(node, units) in path.iter().rev() {
@@ -423,7 +468,13 @@ impl Radix {
     /// Walks the path of `bytes` from namespace `ns`'s node, calling `visit(node, units)` for
     /// each node it reaches, in depth order, with the units matched up to and including that
     /// node (a partly matched last edge counts its matched units).
-    fn walk(&self, ns: Namespace, bytes: &[u8], mut visit: impl FnMut(NodeId, usize)) {
+    fn walk(
+        &self,
+        ns: Namespace,
+        bytes: &[u8],
+        keys: Option<&[u64]>,
+        mut visit: impl FnMut(NodeId, usize),
+    ) {
         let unit = self.unit;
         let Some(mut cur) = self.ns_node(ns) else {
             return;
@@ -436,7 +487,15 @@ impl Radix {
             };
             let node = self.node(child);
             let edge = &node.edge[..];
-            if rest.len() >= edge.len() && rest[..edge.len()] == *edge {
+            let whole = rest.len() >= edge.len()
+                && match (
+                    node.end,
+                    keys.map(|k| k[units + node.edge_units as usize - 1]),
+                ) {
+                    (Some(a), Some(b)) => a == b,
+                    _ => rest[..edge.len()] == *edge,
+                };
+            if whole {
                 units += node.edge_units as usize;
                 rest = &rest[edge.len()..];
                 cur = child;
@@ -557,6 +616,7 @@ impl Radix {
         node.edge_units += c.edge_units;
         node.children = c.children;
         node.holders = c.holders;
+        node.end = c.end;
         true
     }
 
@@ -691,6 +751,9 @@ impl Radix {
             {
                 return bad(2, id);
             }
+            if node.end.is_some() && node.end != self.path_end_key(id) {
+                return bad(8, id);
+            }
             for &(key, c) in &node.children {
                 let Some(Some(child)) = self.nodes.get(c as usize) else {
                     return bad(1, c);
@@ -730,6 +793,32 @@ impl Radix {
             return bad(7, ROOT);
         }
         Ok(())
+    }
+
+    /// The block key of the last page of the path to `id` (page mode, below a namespace
+    /// node), from the edges' bytes: what [`Node::end`] must be when known.
+    #[cfg(any(test, feature = "test-util"))]
+    fn path_end_key(&self, id: NodeId) -> Option<u64> {
+        let Unit::Page { bytes: page } = self.unit else {
+            return None;
+        };
+        let mut edges = Vec::new();
+        let mut cur = id;
+        while self.node(cur).parent != ROOT {
+            edges.push(&self.node(cur).edge[..]);
+            cur = self.node(cur).parent;
+        }
+        let mut parent = crate::keys::root(self.node(cur).key);
+        for e in edges.iter().rev() {
+            for p in e.chunks_exact(page) {
+                let ids: Vec<u32> = p
+                    .chunks_exact(4)
+                    .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+                    .collect();
+                parent = Some(crate::keys::chain(parent, crate::keys::local_hash(&ids)));
+            }
+        }
+        parent
     }
 
     #[cfg(any(test, feature = "test-util"))]

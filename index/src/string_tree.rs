@@ -89,7 +89,7 @@ impl StringTree {
     /// # Panics
     /// If `text` is 2^32 chars or longer, or the tree would exceed 2^32 nodes.
     pub fn insert(&mut self, ns: Namespace, text: &str, tenant: TenantId) {
-        self.radix.insert(ns, text.as_bytes(), tenant);
+        self.radix.insert(ns, text.as_bytes(), tenant, None);
     }
 
     /// Longest prefix of `text` in namespace `ns` and up to [`MAX_MATCH_TENANTS`] tenants of
@@ -110,7 +110,7 @@ impl StringTree {
     /// [`Self::match_prefix`] this sees the tenants of shallower nodes too (a spill target
     /// that holds the shared system prompt, bug-cases.md B11).
     pub fn match_depths(&self, ns: Namespace, text: &str) -> Vec<(TenantId, usize)> {
-        self.radix.match_depths(ns, text.as_bytes())
+        self.radix.match_depths(ns, text.as_bytes(), None)
     }
 
     /// Removes `tenant` from every node of every namespace, frees nodes left without tenants,

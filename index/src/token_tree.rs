@@ -24,7 +24,9 @@ pub struct TokenMatch {
 /// Sizes are in tokens, counted once per tenant holding a node (as [`crate::StringTree`]);
 /// the budget `max_tokens` bounds [`total_tokens`](Self::total_tokens) after every insert
 /// (overshoot during an insert ≤ that request). Costs and invariants are those of
-/// [`crate::StringTree`], with pages for chars.
+/// [`crate::StringTree`], with pages for chars, plus: 8. a node that knows the block key of
+/// its last page ([`Self::insert_keyed`]) knows the key of its path's pages from its
+/// namespace's root ([`crate::keys::block_keys_in`]).
 #[derive(Clone, Debug)]
 pub struct TokenTree {
     radix: Radix,
@@ -67,7 +69,19 @@ impl TokenTree {
     /// partial page is ignored), then evicts down to the budget.
     pub fn insert(&mut self, ns: Namespace, tokens: &[u32], tenant: TenantId) {
         let bytes = self.pages(tokens);
-        self.radix.insert(ns, bytes, tenant);
+        self.radix.insert(ns, bytes, tenant, None);
+    }
+
+    /// [`Self::insert`] with `keys`, the block keys of `tokens` in `ns` at this tree's block
+    /// size ([`crate::keys::block_keys_in`]; ignored unless there is one per whole page): the
+    /// nodes it makes or passes learn the key of their last page, so later keyed walks
+    /// ([`Self::match_depths_keyed`], this) compare one key per edge instead of its ids. Keys
+    /// that are not those of `tokens` make later answers wrong (as a 64-bit key collision
+    /// would: the event index's matching has the same trust in them).
+    pub fn insert_keyed(&mut self, ns: Namespace, tokens: &[u32], tenant: TenantId, keys: &[u64]) {
+        let bytes = self.pages(tokens);
+        let keys = (keys.len() == tokens.len() / self.block_size).then_some(keys);
+        self.radix.insert(ns, bytes, tenant, keys);
     }
 
     /// Longest whole-page prefix of `tokens` in namespace `ns`, and the tenants of the
@@ -85,7 +99,26 @@ impl TokenTree {
     /// Every tenant holding a prefix of `tokens` in namespace `ns`, with the tokens of its
     /// longest one (whole pages), sorted by tenant (see [`crate::StringTree::match_depths`]).
     pub fn match_depths(&self, ns: Namespace, tokens: &[u32]) -> Vec<(TenantId, usize)> {
-        let mut d = self.radix.match_depths(ns, self.pages(tokens));
+        let mut d = self.radix.match_depths(ns, self.pages(tokens), None);
+        for e in &mut d {
+            e.1 *= self.block_size;
+        }
+        d
+    }
+
+    /// [`Self::match_depths`] with the block keys of `tokens` (as [`Self::insert_keyed`]'s;
+    /// ignored unless one per whole page): an edge whose last page's key is known matches
+    /// when it equals the request's key at that depth, so a walk down a long shared path
+    /// reads a key per node instead of the path's ids. Same answer, short of a 64-bit key
+    /// collision.
+    pub fn match_depths_keyed(
+        &self,
+        ns: Namespace,
+        tokens: &[u32],
+        keys: &[u64],
+    ) -> Vec<(TenantId, usize)> {
+        let keys = (keys.len() == tokens.len() / self.block_size).then_some(keys);
+        let mut d = self.radix.match_depths(ns, self.pages(tokens), keys);
         for e in &mut d {
             e.1 *= self.block_size;
         }
@@ -210,6 +243,33 @@ mod tests {
         assert_eq!(t.match_prefix(0, &[1, 2, 3, 4]).tenants, vec![0]);
     }
 
+    /// Keyed inserts and walks in a namespace: the same depths as the keyless ones, node end
+    /// keys checked (invariant 8), and wrong-length keys ignored.
+    #[test]
+    fn keyed_walks_in_namespaces() {
+        let ns = 0xfeed_beef;
+        let mut t = TokenTree::new(4, usize::MAX);
+        let a: Vec<u32> = (1..=14).collect();
+        let b: Vec<u32> = (1..=8).chain(50..60).collect();
+        let k = |v: &[u32]| crate::keys::block_keys_in(ns, v, 4);
+        t.insert_keyed(ns, &a, 1, &k(&a));
+        t.insert(ns, &b, 2);
+        t.insert_keyed(ns, &b[..12], 3, &k(&b[..12]));
+        t.insert_keyed(ns, &a[..9], 4, &[1, 2, 3]); // wrong length: inserted without keys
+        t.check_invariants().unwrap();
+        for q in [&a[..], &b[..], &a[..7], &b[..13]] {
+            assert_eq!(t.match_depths_keyed(ns, q, &k(q)), t.match_depths(ns, q));
+        }
+        assert_eq!(
+            t.match_depths_keyed(ns, &a, &k(&a)),
+            vec![(1, 12), (2, 8), (3, 8), (4, 8)]
+        );
+        assert_eq!(
+            t.match_depths_keyed(0, &a, &crate::keys::block_keys_in(0, &a, 4)),
+            vec![]
+        );
+    }
+
     /// B15 for tokens: a stream of unique prompts never exceeds budget + one request.
     #[test]
     fn b15_budget_at_every_insert() {
@@ -241,9 +301,16 @@ mod tests {
             let mut t = TokenTree::new(bs, usize::MAX);
             let mut stored: Vec<(Vec<u32>, TenantId)> = Vec::new();
             for (s, tenant, kind) in ops {
+                let keys = crate::keys::block_keys_in(0, &s, bs);
+                // Keyed and keyless walks agree on every tree, whatever made it.
+                prop_assert_eq!(t.match_depths_keyed(0, &s, &keys), t.match_depths(0, &s));
                 match kind {
-                    0..=4 => {
+                    0..=1 => {
                         t.insert(0, &s, tenant);
+                        stored.push((s, tenant));
+                    }
+                    2..=4 => {
+                        t.insert_keyed(0, &s, tenant, &keys);
                         stored.push((s, tenant));
                     }
                     5 => {
@@ -272,7 +339,11 @@ mod tests {
             let mut t = TokenTree::new(bs, budget);
             let mut stored: Vec<(Vec<u32>, TenantId)> = Vec::new();
             for (s, tenant) in ops {
-                t.insert(0, &s, tenant);
+                if tenant % 2 == 0 {
+                    t.insert_keyed(0, &s, tenant, &crate::keys::block_keys_in(0, &s, bs));
+                } else {
+                    t.insert(0, &s, tenant);
+                }
                 stored.push((s.clone(), tenant));
                 prop_assert!(t.total_tokens() <= budget / bs * bs);
                 prop_assert_eq!(t.check_invariants(), Ok(()));

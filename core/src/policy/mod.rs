@@ -51,6 +51,7 @@ pub mod wait;
 use crate::config::{Config, PolicyKind};
 use crate::load::active::Booking;
 use crate::route_key::RouteKey;
+use crate::tokens::BlockKeys;
 use kvroute_index::{
     HashIndex, HashIndexConfig, LeftRight, Namespace, PeerPages, PeerPagesConfig, StringTree,
     TenantId, TokenTree,
@@ -257,7 +258,8 @@ pub struct Request<'a> {
     pub block_keys: Vec<u64>,
     /// Prompt length, tokens (text: chars / `chars_per_token`, rounded up).
     pub prompt_tokens: u64,
-    /// Prompt length in chars (0 without text).
+    /// Prompt length in chars, for a request without ids (text mode); 0 without text and for
+    /// a request with ids (token-mode routing never reads it).
     pub chars: usize,
     /// Block size of `block_keys`, tokens.
     pub block_size: usize,
@@ -290,6 +292,9 @@ pub enum OverlapRule {
 pub enum TreeOp<K> {
     /// Record `key` (text or token ids) for a worker in a namespace.
     Insert(Namespace, K, TenantId),
+    /// [`TreeOp::Insert`] of token ids with their block keys at the tree's block size
+    /// ([`kvroute_index::TokenTree::insert_keyed`]; a string tree ignores them).
+    InsertKeyed(Namespace, K, TenantId, Arc<BlockKeys>),
     /// Forget a worker everywhere.
     RemoveTenant(TenantId),
 }
@@ -305,7 +310,9 @@ pub enum HashOp {
 
 fn apply_string(t: &mut StringTree, op: &TreeOp<Box<str>>) {
     match op {
-        TreeOp::Insert(ns, text, w) => t.insert(*ns, text, *w),
+        TreeOp::Insert(ns, text, w) | TreeOp::InsertKeyed(ns, text, w, _) => {
+            t.insert(*ns, text, *w)
+        }
         TreeOp::RemoveTenant(w) => t.remove_tenant(*w),
     }
 }
@@ -313,6 +320,7 @@ fn apply_string(t: &mut StringTree, op: &TreeOp<Box<str>>) {
 fn apply_token(t: &mut TokenTree, op: &TreeOp<Box<[u32]>>) {
     match op {
         TreeOp::Insert(ns, ids, w) => t.insert(*ns, ids, *w),
+        TreeOp::InsertKeyed(ns, ids, w, keys) => t.insert_keyed(*ns, ids, *w, &keys.keys),
         TreeOp::RemoveTenant(w) => t.remove_tenant(*w),
     }
 }
@@ -470,7 +478,8 @@ impl Router {
             .events
             .as_ref()
             .map_or(self.block_size, |e| e.block_size());
-        let chars = if key.text.is_empty() {
+        // Only text-mode selectors read `chars`: a token request is not charged the count.
+        let chars = if key.text.is_empty() || ids.is_some() {
             0
         } else {
             key.text.chars().count()
@@ -480,11 +489,20 @@ impl Router {
             None => (chars as f64 / self.params.chars_per_token).ceil() as u64,
         };
         // Keys of the request's namespace: the event index roots each cache partition's
-        // chain at its namespace, so other partitions' blocks never match.
-        let block_keys = match (ids, &self.events) {
-            (Some(ids), Some(ev)) => ev.block_keys(key.namespace, ids),
-            (Some(ids), None) => kvroute_index::keys::block_keys_in(key.namespace, ids, block_size),
-            (None, _) => Vec::new(),
+        // chain at its namespace, so other partitions' blocks never match. (The event
+        // index's keys are `block_keys_in` at its block size.) The blocks an earlier turn
+        // shares with this one are taken from its memo, when made at the same namespace and
+        // block size; this request's keys are left there for the next turn.
+        let block_keys = match ids {
+            Some(ids) => {
+                let memo = &key.block_key_memo;
+                let known = memo.known(key.namespace, block_size);
+                let keys =
+                    kvroute_index::keys::block_keys_after(key.namespace, ids, block_size, known);
+                memo.keep(key.namespace, block_size, &keys);
+                keys
+            }
+            None => Vec::new(),
         };
         Request {
             key,
@@ -505,6 +523,7 @@ impl Router {
             text: &req.key.text,
             ids: req.ids,
             block_keys: &req.block_keys,
+            block_size: req.block_size,
             now_ms: snap.now_ms,
         };
         let token_len = req.prompt_tokens.max(1) as usize;
@@ -762,7 +781,14 @@ impl Router {
         let worker = decision.worker as TenantId;
         match (ids, &idx.hash) {
             (Some(ids), Some(h)) => h.write(HashOp::Record(ns, ids.to_vec(), worker, now_ms)),
-            (Some(ids), None) => idx.tokens.write(TreeOp::Insert(ns, ids.into(), worker)),
+            // With the keys Router::request left in the key's memo at the tree's block size.
+            (Some(ids), None) => {
+                idx.tokens
+                    .write(match key.block_key_memo.kept(ns, self.block_size) {
+                        Some(keys) => TreeOp::InsertKeyed(ns, ids.into(), worker, keys),
+                        None => TreeOp::Insert(ns, ids.into(), worker),
+                    })
+            }
             (None, Some(_)) => {}
             (None, None) => idx
                 .strings
@@ -895,9 +921,15 @@ impl Router {
         let ns = req.key.namespace;
         let found = match req.ids {
             Some(ids) => {
-                let keys = kvroute_index::keys::block_keys_in(ns, ids, self.block_size);
+                let own;
+                let keys: &[u64] = if req.block_size == self.block_size {
+                    &req.block_keys
+                } else {
+                    own = kvroute_index::keys::block_keys_in(ns, ids, self.block_size);
+                    &own
+                };
                 peers
-                    .overlaps(&keys, now_ms)
+                    .overlaps(keys, now_ms)
                     .into_iter()
                     .map(|(w, p)| (w, p * self.block_size))
                     .collect::<Vec<_>>()

@@ -24,6 +24,8 @@ pub struct Query<'a> {
     /// Router block keys of `ids` ([`kvroute_index::keys::block_keys`] at the event index's
     /// block size); empty without ids.
     pub block_keys: &'a [u64],
+    /// Block size of `block_keys`, tokens (the token tree walks on them when it is its own).
+    pub block_size: usize,
     /// Time on the router's time base, ms (hash-index TTL).
     pub now_ms: u64,
 }
@@ -66,9 +68,16 @@ impl PrefixIndex for TokenTree {
         Unit::Tokens
     }
 
+    /// On the request's block keys when they are at this tree's block size
+    /// ([`TokenTree::match_depths_keyed`]), else on its ids.
     fn overlaps(&self, ns: Namespace, q: &Query<'_>) -> Vec<(TenantId, usize)> {
-        q.ids
-            .map_or_else(Vec::new, |ids| self.match_depths(ns, ids))
+        match q.ids {
+            None => Vec::new(),
+            Some(ids) if q.block_size == self.block_size() => {
+                self.match_depths_keyed(ns, ids, q.block_keys)
+            }
+            Some(ids) => self.match_depths(ns, ids),
+        }
     }
 }
 
@@ -246,7 +255,12 @@ mod tests {
                 let text: String = ids.iter().map(|t| format!("<{t}>")).collect();
                 string.insert(0, &text, w);
                 string_ref.insert(&text, w);
-                token.insert(0, &ids, w);
+                // Half the sends keyed (node end keys), so walks meet both kinds of node.
+                if seed % 2 == 0 {
+                    token.insert_keyed(0, &ids, w, &block_keys(&ids, page));
+                } else {
+                    token.insert(0, &ids, w);
+                }
                 hash.record(0, &ids, w, 0);
                 // The engine stores each full block, chained, as events would say.
                 let keys = block_keys(&ids, page);
@@ -274,10 +288,13 @@ mod tests {
                 let ids = tokens_of(seed, &prefixes, tail);
                 let text: String = ids.iter().map(|t| format!("<{t}>")).collect();
                 let keys = block_keys(&ids, page);
-                let q = Query { text: &text, ids: Some(&ids), block_keys: &keys, now_ms: 0 };
+                let q = Query { text: &text, ids: Some(&ids), block_keys: &keys, block_size: page, now_ms: 0 };
                 prop_assert_eq!(PrefixIndex::overlaps(&string, 0, &q), string_ref.match_depths(&text));
                 let want = brute_tokens(&sent, &ids, page);
                 prop_assert_eq!(PrefixIndex::overlaps(&token, 0, &q), want.clone());
+                // The same without usable keys (another block size): the walk on ids.
+                let unkeyed = Query { block_size: page + 1, ..q };
+                prop_assert_eq!(PrefixIndex::overlaps(&token, 0, &unkeyed), want.clone());
                 let events_want: Vec<(TenantId, usize)> = events_ref.find_matches(&keys).into_iter().map(|(w, b)| (w, b as usize * page)).collect();
                 prop_assert_eq!(PrefixIndex::overlaps(&reader, 0, &q), events_want);
                 // The hash index holds at boundaries only, at most 3 holders per head (a 4th
