@@ -192,23 +192,14 @@ pub fn parse_dns_source(spec: &str) -> Result<DnsSource, CoreError> {
         match k.trim() {
             "events_port" => out.events_port = Some(port(v)?),
             "replay_port" => out.replay_port = Some(port(v)?),
-            "dp" => {
-                out.dp = v
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|d| (1..=1024).contains(d))
-                    .ok_or_else(|| bad("dp must be an integer 1-1024"))?
-            }
-            "model" if !v.trim().is_empty() => out.models.push(v.trim().to_string()),
-            "model" => return Err(bad("model must not be empty")),
-            "api_key_env" => {
-                let var = v.trim();
-                if var.is_empty() || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-                    return Err(bad("api_key_env must be an environment variable name"));
-                }
-                out.api_key_env = Some(var.to_string());
-            }
+            "dp" | "model" | "api_key_env" => crate::config::common_option(
+                k.trim(),
+                v,
+                &mut out.dp,
+                &mut out.models,
+                &mut out.api_key_env,
+            )
+            .map_err(bad)?,
             "events" | "replay" => {
                 return Err(bad(
                     "discovered workers take events_port=P / replay_port=P (their own address)",

@@ -790,6 +790,40 @@ impl WorkerSpec {
     }
 }
 
+/// The options a static worker spec and a `--worker-dns` source share (`dp=N`,
+/// `model=NAME`, `api_key_env=VAR`): applies option `key` (one of those three) with value `v`.
+///
+/// # Errors
+/// The problem, as a fixed phrase: `dp` not an integer 1–1024, an empty `model`, an
+/// `api_key_env` that is not a variable name.
+pub(crate) fn common_option(
+    key: &str,
+    v: &str,
+    dp: &mut u32,
+    models: &mut Vec<String>,
+    api_key_env: &mut Option<String>,
+) -> Result<(), &'static str> {
+    let v = v.trim();
+    match key {
+        "dp" => {
+            *dp = v
+                .parse()
+                .ok()
+                .filter(|d| (1..=1024).contains(d))
+                .ok_or("dp must be an integer 1-1024")?
+        }
+        "model" if !v.is_empty() => models.push(v.to_string()),
+        "model" => return Err("model must not be empty"),
+        _ => {
+            if v.is_empty() || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err("api_key_env must be an environment variable name");
+            }
+            *api_key_env = Some(v.to_string());
+        }
+    }
+    Ok(())
+}
+
 /// Parses a worker spec `URL[;events=EP][;replay=EP][;dp=N][;model=NAME]...[;api_key_env=VAR]`.
 ///
 /// # Errors
@@ -829,23 +863,14 @@ pub fn parse_worker_spec(spec: &str) -> Result<WorkerSpec, CoreError> {
         match k.trim() {
             "events" => out.events = Some(endpoint(v.trim())?),
             "replay" => out.replay = Some(endpoint(v.trim())?),
-            "dp" => {
-                out.dp = v
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|d| (1..=1024).contains(d))
-                    .ok_or_else(|| bad("dp must be an integer 1-1024"))?
-            }
-            "model" if !v.trim().is_empty() => out.models.push(v.trim().to_string()),
-            "model" => return Err(bad("model must not be empty")),
-            "api_key_env" => {
-                let var = v.trim();
-                if var.is_empty() || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-                    return Err(bad("api_key_env must be an environment variable name"));
-                }
-                out.api_key_env = Some(var.to_string());
-            }
+            "dp" | "model" | "api_key_env" => common_option(
+                k.trim(),
+                v,
+                &mut out.dp,
+                &mut out.models,
+                &mut out.api_key_env,
+            )
+            .map_err(bad)?,
             _ => {
                 return Err(bad(
                     "unknown option (expected events, replay, dp, model, api_key_env)",
