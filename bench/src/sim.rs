@@ -800,7 +800,7 @@ pub fn simulate(
                             i as u64,
                             &worker.url,
                             &key,
-                            &booking,
+                            (&booking).into(),
                         );
                         publish(&mut sync_q, replica, t, msg);
                     }

@@ -45,6 +45,16 @@ pub enum CoreError {
     /// `dns_server` (`--dns-server`) is not `IP:PORT`.
     #[error("config: --dns-server {0:?}: expected IP:PORT (e.g. 10.96.0.10:53)")]
     BadDnsServer(String),
+    /// `nats_url` or `nats_subject_prefix` (`--nats`, `--nats-subject-prefix`) is malformed.
+    #[error("config: --{flag} {value:?}: {problem}")]
+    BadNats {
+        /// The flag (`nats` or `nats-subject-prefix`).
+        flag: &'static str,
+        /// The value as given.
+        value: String,
+        /// What is wrong (a fixed phrase).
+        problem: &'static str,
+    },
     /// The same worker (after normalisation) is listed twice.
     #[error("config: worker {url} is listed twice")]
     DuplicateWorker {
@@ -109,6 +119,7 @@ impl CoreError {
             | CoreError::BadWorkerUrl { .. }
             | CoreError::BadDnsSource { .. }
             | CoreError::BadDnsServer(_)
+            | CoreError::BadNats { .. }
             | CoreError::DuplicateWorker { .. }
             | CoreError::UnknownPolicy(_)
             | CoreError::BadKnob(_)

@@ -183,6 +183,12 @@ pub struct Metrics {
     discovery_errors: Family<Labels, Counter>,
     discovery_truncations: Family<Labels, Counter>,
     discovered: Family<Labels, Gauge>,
+    sync_sent: Family<Labels, Counter>,
+    sync_dropped: Family<Labels, Counter>,
+    sync_received: Family<Labels, Counter>,
+    sync_connected: Gauge,
+    sync_peers: Gauge,
+    sync_peer_expired: Counter,
     scraped: Arc<scrape::ScrapeValues>,
     /// Tells this instance's entries in the per-thread [`HOT`] caches from another's.
     id: u64,
@@ -398,6 +404,12 @@ impl Metrics {
             draining: Family::default(),
             discovery_errors: Family::default(),
             discovery_truncations: Family::default(),
+            sync_sent: Family::default(),
+            sync_dropped: Family::default(),
+            sync_received: Family::default(),
+            sync_connected: Gauge::default(),
+            sync_peers: Gauge::default(),
+            sync_peer_expired: Counter::default(),
             discovered: Family::default(),
             scraped: Arc::default(),
             registry: Registry::default(),
@@ -525,6 +537,41 @@ impl Metrics {
             "kvroute_discovery_workers",
             "Workers a DNS discovery source has in the fleet now, by source",
             m.discovered.clone(),
+        );
+        r.register(
+            "kvroute_sync_sent",
+            "Replica sync messages published to NATS, by type (routed, first_token, done, \
+             live, hello, placed)",
+            m.sync_sent.clone(),
+        );
+        r.register(
+            "kvroute_sync_dropped",
+            "Replica sync messages not published, by reason: queue_full (the NATS thread fell \
+             behind), disconnected (NATS down), publish_error; peers correct the gap from \
+             the next heartbeat",
+            m.sync_dropped.clone(),
+        );
+        r.register(
+            "kvroute_sync_received",
+            "Replica sync messages received, by type and outcome (done, own, unknown_worker, \
+             not_booked, page_mismatch, elsewhere, bad_message)",
+            m.sync_received.clone(),
+        );
+        r.register(
+            "kvroute_sync_connected",
+            "Whether replica sync is connected to NATS (1) or not (0)",
+            m.sync_connected.clone(),
+        );
+        r.register(
+            "kvroute_sync_peers",
+            "Peer router replicas heard from within the silence limit",
+            m.sync_peers.clone(),
+        );
+        r.register(
+            "kvroute_sync_peer_bookings_expired",
+            "Peer bookings ended without their done message (the peer's heartbeat no longer \
+             listed them, or the peer went silent)",
+            m.sync_peer_expired.clone(),
         );
         r.register_collector(Box::new(m.scraped.clone()));
         Metrics { registry, ..m }
@@ -799,6 +846,46 @@ impl Metrics {
         self.discovered
             .get_or_create(&vec![("source", source.to_string())])
             .set(workers as i64);
+    }
+
+    /// A replica sync message of type `kind` was published (`kvroute_sync_sent_total{type}`).
+    pub fn on_sync_sent(&self, kind: &str) {
+        self.sync_sent
+            .get_or_create(&vec![("type", kind.to_string())])
+            .inc();
+    }
+
+    /// `n` replica sync messages were not published (`kvroute_sync_dropped_total{reason}`).
+    pub fn on_sync_dropped(&self, reason: &str, n: u64) {
+        self.sync_dropped
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .inc_by(n);
+    }
+
+    /// A replica sync message of type `kind` ([`crate::sync::SyncMsg::kind`], or `unknown`
+    /// for one that did not parse) arrived and was applied with `outcome`
+    /// ([`crate::sync::Applied::as_str`], or `bad_message`)
+    /// (`kvroute_sync_received_total{type,outcome}`).
+    pub fn on_sync_received(&self, kind: &str, outcome: &str) {
+        self.sync_received
+            .get_or_create(&vec![
+                ("type", kind.to_string()),
+                ("outcome", outcome.to_string()),
+            ])
+            .inc();
+    }
+
+    /// Replica sync's NATS connection went up or down (`kvroute_sync_connected`), and the
+    /// peers heard from within the silence limit (`kvroute_sync_peers`).
+    pub fn set_sync_state(&self, connected: bool, peers: usize) {
+        self.sync_connected.set(i64::from(connected));
+        self.sync_peers.set(peers as i64);
+    }
+
+    /// `n` peer bookings ended without their done message
+    /// (`kvroute_sync_peer_bookings_expired_total`).
+    pub fn on_sync_peer_expired(&self, n: usize) {
+        self.sync_peer_expired.inc_by(n as u64);
     }
 
     /// Replaces the KV-event streams' numbers exposed from the next scrape on

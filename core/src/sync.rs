@@ -9,6 +9,10 @@
 //! | [`SyncMsg::FirstToken`] | its first token reached the router | ends the booking's prefill charge | Dynamo (prefill-done) |
 //! | [`SyncMsg::Done`] | it ended (any way), with the engine's `usage` if seen | ends the booking, once; an alone first token teaches the prefill curve, as an own request's does | Dynamo (free) |
 //!
+//! | [`SyncMsg::Live`] | every [`HEARTBEAT_MS`] | ends that peer's bookings whose ids it no longer lists (their `Done` was lost); a peer silent for [`SILENT_HEARTBEATS`] heartbeats has all its bookings ended ([`PeerClock`]) | Dynamo's router instances expire a silent peer's requests (etcd lease) |
+//! | [`SyncMsg::Hello`] | a replica (re)connects to the bus | publishes again the `Routed` (and `FirstToken`) of every request it has in flight, so the newcomer books them (a duplicate books once), and sends it its recent placements ([`SyncMsg::Placed`]) | SMG's gossip pages whole trees to a joining router; this sends a bounded window |
+//! | [`SyncMsg::Placed`] | answering a `Hello` | records the page keys of each placement for its worker, books nothing | |
+//!
 //! What is never sent: the engine event index (every replica subscribes to every engine),
 //! expiry and eviction (each replica bounds its own [`kvroute_index::PeerPages`]), prompts
 //! (only chained page keys, [`PageKeys`]). Workers are named by URL, since ids are slots of
@@ -29,6 +33,24 @@ use serde::{Deserialize, Serialize};
 /// token page of 16 (vLLM's default block size). Every replica must use the same; a message
 /// with another page size is refused ([`Applied::PageMismatch`]).
 pub const TEXT_PAGE_BYTES: usize = 64;
+
+/// How often a replica publishes its [`SyncMsg::Live`] heartbeat, ms. One second: the
+/// poll interval of engine load reports (`defaults::LOAD_POLL_MS` order), so a lost end is
+/// corrected as fast as a foreign-load report would be.
+pub const HEARTBEAT_MS: u64 = 1_000;
+
+/// Heartbeats a peer may miss before its bookings end: 3, NATS' own ping rule (a
+/// connection is stale after `ping_interval` × `max_pings_out` = 2 unanswered pings).
+pub const SILENT_HEARTBEATS: u64 = 3;
+
+/// Most placements one replica keeps for [`SyncMsg::Placed`] answers, and sends per
+/// `Hello`: the newest 4,096 (≈ one minute of a busy replica's conversation turns; each
+/// holds at most the prompt's page keys).
+pub const REPLAY_PLACEMENTS: usize = 4_096;
+
+/// Placements per [`SyncMsg::Placed`] message (so one message stays far under NATS' 1 MiB
+/// default `max_payload` even for 32k-token prompts: 64 × 2,048 keys × ≤ 21 bytes).
+pub const PLACEMENTS_PER_MESSAGE: usize = 16;
 
 /// What a page key stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,6 +133,38 @@ pub enum SyncMsg {
         /// The engine's `usage`: prompt tokens served from its cache.
         cached_tokens: Option<u64>,
     },
+    /// `origin`'s heartbeat: the ids of every request it has booked and not ended, sorted.
+    Live {
+        /// Sending replica.
+        origin: u64,
+        /// Its requests in flight, ascending.
+        reqs: Vec<u64>,
+    },
+    /// `origin` (re)connected: peers answer with their live requests and recent placements.
+    Hello {
+        /// Sending replica.
+        origin: u64,
+    },
+    /// `origin`'s recent placements, for replica `to` (a `Hello`'s sender).
+    Placed {
+        /// Sending replica.
+        origin: u64,
+        /// The replica that asked.
+        to: u64,
+        /// Newest last.
+        placements: Vec<Placement>,
+    },
+}
+
+/// A past routing decision's placement: `pages` went to `worker` for `model`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// The worker's URL.
+    pub worker: String,
+    /// Model.
+    pub model: String,
+    /// The prompt's page keys.
+    pub pages: PageKeys,
 }
 
 impl SyncMsg {
@@ -119,9 +173,70 @@ impl SyncMsg {
         match self {
             SyncMsg::Routed { origin, .. }
             | SyncMsg::FirstToken { origin, .. }
-            | SyncMsg::Done { origin, .. } => *origin,
+            | SyncMsg::Done { origin, .. }
+            | SyncMsg::Live { origin, .. }
+            | SyncMsg::Hello { origin }
+            | SyncMsg::Placed { origin, .. } => *origin,
         }
     }
+
+    /// `routed`, `first_token`, `done`, `live`, `hello`, `placed` (metric label).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SyncMsg::Routed { .. } => "routed",
+            SyncMsg::FirstToken { .. } => "first_token",
+            SyncMsg::Done { .. } => "done",
+            SyncMsg::Live { .. } => "live",
+            SyncMsg::Hello { .. } => "hello",
+            SyncMsg::Placed { .. } => "placed",
+        }
+    }
+}
+
+/// When each peer replica was last heard from, on this replica's clock (ms); finds the
+/// silent ones ([`SILENT_HEARTBEATS`]).
+#[derive(Debug, Default)]
+pub struct PeerClock {
+    heard: std::collections::HashMap<u64, f64>,
+}
+
+impl PeerClock {
+    /// A message of `origin` arrived at `now_ms`.
+    pub fn heard(&mut self, origin: u64, now_ms: f64) {
+        self.heard.insert(origin, now_ms);
+    }
+
+    /// Peers heard from within the silence limit of `now_ms`.
+    pub fn peers(&self) -> usize {
+        self.heard.len()
+    }
+
+    /// Forgets and returns the peers not heard from for more than
+    /// [`SILENT_HEARTBEATS`] × [`HEARTBEAT_MS`] before `now_ms`, ascending.
+    pub fn take_silent(&mut self, now_ms: f64) -> Vec<u64> {
+        let limit = (SILENT_HEARTBEATS * HEARTBEAT_MS) as f64;
+        let mut silent: Vec<u64> = self
+            .heard
+            .iter()
+            .filter(|&(_, &at)| now_ms - at > limit)
+            .map(|(&o, _)| o)
+            .collect();
+        silent.sort_unstable();
+        for o in &silent {
+            self.heard.remove(o);
+        }
+        silent
+    }
+}
+
+/// Ends every booking of peer `origin` on every worker (it went silent or left); returns how
+/// many ended.
+pub fn forget_peer(workers: &Workers, origin: u64) -> usize {
+    workers
+        .iter()
+        .iter()
+        .map(|w| w.retain_peers(origin, |_| false))
+        .sum()
 }
 
 /// What [`apply`] did with a message (metric label [`Applied::as_str`]).
@@ -139,17 +254,30 @@ pub enum Applied {
     /// Booked, but its pages' unit is not this replica's (another block size or text page
     /// size): pages ignored.
     PageMismatch,
+    /// A `Placed` answer to another replica's `Hello`: ignored.
+    Elsewhere,
 }
 
 impl Applied {
-    /// `done`, `own`, `unknown_worker`, `not_booked`, `page_mismatch`.
+    /// `done`, `own`, `unknown_worker`, `not_booked`, `page_mismatch`, `elsewhere`.
     pub fn as_str(self) -> &'static str {
         match self {
+            Applied::Elsewhere => "elsewhere",
             Applied::Done => "done",
             Applied::Own => "own",
             Applied::UnknownWorker => "unknown_worker",
             Applied::NotBooked => "not_booked",
             Applied::PageMismatch => "page_mismatch",
+        }
+    }
+}
+
+impl From<&Booking> for WireBooking {
+    fn from(b: &Booking) -> Self {
+        WireBooking {
+            prompt_tokens: b.prompt_tokens,
+            cached_tokens: b.cached_tokens,
+            prefill_ms: b.prefill_ms,
         }
     }
 }
@@ -162,20 +290,26 @@ pub fn routed(
     req: u64,
     worker_url: &str,
     key: &crate::route_key::RouteKey,
-    booking: &Booking,
+    booking: WireBooking,
 ) -> SyncMsg {
     SyncMsg::Routed {
         origin,
         req,
         worker: worker_url.to_string(),
         model: key.model.clone(),
-        booking: WireBooking {
-            prompt_tokens: booking.prompt_tokens,
-            cached_tokens: booking.cached_tokens,
-            prefill_ms: booking.prefill_ms,
-        },
+        booking,
         pages: router.page_keys(key),
     }
+}
+
+/// Applies peer `origin`'s heartbeat listing `reqs` (ascending): ends its bookings here that
+/// it no longer lists. Returns how many ended.
+pub fn apply_live(workers: &Workers, origin: u64, reqs: &[u64]) -> usize {
+    workers
+        .iter()
+        .iter()
+        .map(|w| w.retain_peers(origin, |r| reqs.binary_search(&r).is_ok()))
+        .sum()
 }
 
 /// Applies a peer's message at `now_ms` (this replica's clock: the router's time base, as
@@ -244,6 +378,26 @@ pub fn apply(msg: &SyncMsg, me: u64, router: &Router, workers: &Workers, now_ms:
             }
             Some(_) => Applied::NotBooked,
         },
+        SyncMsg::Live { origin, reqs } => {
+            apply_live(workers, *origin, reqs);
+            Applied::Done
+        }
+        // Answered by the transport (it holds the live requests and placements).
+        SyncMsg::Hello { .. } => Applied::Done,
+        SyncMsg::Placed { to, .. } if *to != me => Applied::Elsewhere,
+        SyncMsg::Placed { placements, .. } => {
+            let mut applied = Applied::Done;
+            for p in placements {
+                match workers.find_url(&p.worker) {
+                    Some(w) if !router.record_peer(&p.model, &p.pages, w.id, now_ms as u64) => {
+                        applied = Applied::PageMismatch
+                    }
+                    Some(_) => {}
+                    None => applied = Applied::UnknownWorker,
+                }
+            }
+            applied
+        }
     }
 }
 
@@ -272,13 +426,11 @@ mod tests {
         }
     }
 
-    fn booking(prompt_tokens: u64) -> Booking {
-        Booking {
+    fn booking(prompt_tokens: u64) -> WireBooking {
+        WireBooking {
             prompt_tokens,
             cached_tokens: 0,
             prefill_ms: 40.0,
-            block_keys: Vec::new(),
-            unkeyed_blocks: 0,
         }
     }
 
@@ -297,7 +449,7 @@ mod tests {
             42,
             "http://b:2",
             &text_key(&turn1),
-            &booking(50),
+            booking(50),
         );
         assert_eq!(apply(&msg, me, &router, &workers, 10.0), Applied::Done);
         assert_eq!(apply(&msg, me, &router, &workers, 11.0), Applied::NotBooked);
@@ -350,9 +502,9 @@ mod tests {
     fn what_a_replica_ignores() {
         let (router, workers) = setup();
         let key = text_key(&"z".repeat(128));
-        let own = routed(&router, 1, 1, "http://a:1", &key, &booking(32));
+        let own = routed(&router, 1, 1, "http://a:1", &key, booking(32));
         assert_eq!(apply(&own, 1, &router, &workers, 0.0), Applied::Own);
-        let unknown = routed(&router, 2, 1, "http://c:3", &key, &booking(32));
+        let unknown = routed(&router, 2, 1, "http://c:3", &key, booking(32));
         assert_eq!(
             apply(&unknown, 1, &router, &workers, 0.0),
             Applied::UnknownWorker
@@ -365,7 +517,7 @@ mod tests {
             cached_tokens: None,
         };
         assert_eq!(apply(&late, 1, &router, &workers, 0.0), Applied::NotBooked);
-        let mut odd = routed(&router, 2, 2, "http://a:1", &key, &booking(32));
+        let mut odd = routed(&router, 2, 2, "http://a:1", &key, booking(32));
         if let SyncMsg::Routed { pages: Some(p), .. } = &mut odd {
             p.unit = PageUnit::Text { bytes: 32 };
         }
@@ -393,7 +545,7 @@ mod tests {
         let (router, workers) = setup();
         let key = text_key("short");
         for (origin, req, at) in [(2, 1, 0.0), (2, 2, 100.0), (3, 1, 100.0)] {
-            let m = routed(&router, origin, req, "http://a:1", &key, &booking(8));
+            let m = routed(&router, origin, req, "http://a:1", &key, booking(8));
             assert_eq!(apply(&m, 1, &router, &workers, at), Applied::Done);
         }
         let a = workers.get(0).unwrap();
@@ -401,6 +553,80 @@ mod tests {
         assert_eq!(a.expire_peers(50.0, Some(3)), 1);
         assert_eq!(a.peer_requests(), 1);
         a.active_check().unwrap();
+    }
+
+    /// A heartbeat ends exactly the bookings its sender no longer lists, once; a silent peer
+    /// loses all of its own and no one else's.
+    #[test]
+    fn heartbeats_end_lost_bookings_and_silence_ends_a_peer() {
+        let (router, workers) = setup();
+        let key = text_key("hb");
+        for (origin, req, url) in [
+            (2, 1, "http://a:1"),
+            (2, 2, "http://b:2"),
+            (2, 3, "http://a:1"),
+            (3, 1, "http://a:1"),
+        ] {
+            let m = routed(&router, origin, req, url, &key, booking(8));
+            assert_eq!(apply(&m, 1, &router, &workers, 0.0), Applied::Done);
+        }
+        let (a, b) = (workers.get(0).unwrap(), workers.get(1).unwrap());
+        // Peer 2 still runs request 2 only: 1 and 3 (on a) end; 3's request 1 stays.
+        assert_eq!(apply_live(&workers, 2, &[2]), 2);
+        assert_eq!((a.peer_requests(), b.peer_requests()), (1, 1));
+        assert_eq!(apply_live(&workers, 2, &[2]), 0);
+        let mut clock = PeerClock::default();
+        clock.heard(2, 0.0);
+        clock.heard(3, 2_500.0);
+        let limit = (SILENT_HEARTBEATS * HEARTBEAT_MS) as f64;
+        assert_eq!(clock.take_silent(limit), Vec::<u64>::new());
+        assert_eq!(clock.take_silent(limit + 1.0), vec![2]);
+        assert_eq!(clock.peers(), 1);
+        assert_eq!(forget_peer(&workers, 2), 1);
+        assert_eq!((a.peer_requests(), b.peer_requests()), (1, 0));
+        // A Done after the heartbeat ended the booking finds nothing (counted once).
+        let done = SyncMsg::Done {
+            origin: 2,
+            req: 1,
+            worker: "http://a:1".into(),
+            prompt_tokens: None,
+            cached_tokens: None,
+        };
+        assert_eq!(apply(&done, 1, &router, &workers, 1.0), Applied::NotBooked);
+        a.active_check().unwrap();
+        b.active_check().unwrap();
+    }
+
+    /// A `Placed` answer records its placements for the replica that asked, books nothing,
+    /// and is ignored by the others.
+    #[test]
+    fn placed_answers_record_pages_for_the_asker_only() {
+        let (router, workers) = setup();
+        let text = "p".repeat(256);
+        let pages = router.page_keys(&text_key(&text)).expect("text pages");
+        assert_eq!(pages.keys.len(), 256 / TEXT_PAGE_BYTES);
+        let msg = SyncMsg::Placed {
+            origin: 4,
+            to: 1,
+            placements: vec![Placement {
+                worker: "http://b:2".into(),
+                model: "m".into(),
+                pages,
+            }],
+        };
+        assert_eq!(apply(&msg, 9, &router, &workers, 0.0), Applied::Elsewhere);
+        assert_eq!(apply(&msg, 1, &router, &workers, 0.0), Applied::Done);
+        router.flush();
+        assert_eq!(workers.get(1).unwrap().peer_requests(), 0);
+        let loads = vec![WorkerLoad::default(); 2];
+        let snap = Snapshot {
+            workers: &loads,
+            eligible: &[0, 1],
+            seq: 0,
+            now_ms: 1,
+        };
+        let o = router.overlaps(&snap, &router.request(&text_key(&format!("{text}more"))));
+        assert_eq!((o.of(0), o.of(1)), (0, 256));
     }
 
     /// The wire form is JSON with a `type` tag (what `--nats` publishes), and round-trips.
@@ -413,7 +639,7 @@ mod tests {
             6,
             "http://a:1",
             &text_key(&"q".repeat(70)),
-            &booking(18),
+            booking(18),
         );
         let json = serde_json::to_string(&m).unwrap();
         assert!(

@@ -174,14 +174,26 @@ impl Worker {
     /// or the bus dropped the message) and every one of replica `origin` when given (a peer
     /// that left). Returns how many ended.
     pub fn expire_peers(&self, before_ms: f64, origin: Option<u64>) -> usize {
+        self.end_peers(|o, _, at| at < before_ms || origin == Some(o))
+    }
+
+    /// Ends every request of peer replica `origin` booked here whose id is not `live`
+    /// (the peer's heartbeat, [`crate::sync::SyncMsg::Live`], no longer lists it: its end
+    /// was lost). Returns how many ended.
+    pub fn retain_peers(&self, origin: u64, live: impl Fn(u64) -> bool) -> usize {
+        self.end_peers(|o, req, _| o == origin && !live(req))
+    }
+
+    /// Ends the peer bookings `end(origin, req, booked_at_ms)` picks; returns how many.
+    fn end_peers(&self, end: impl Fn(u64, u64, f64) -> bool) -> usize {
         let mut peers = lock(&self.peers);
         let n = peers.len();
-        peers.retain(|&(o, _), &mut (id, at)| {
-            let keep = at >= before_ms && origin != Some(o);
-            if !keep {
+        peers.retain(|&(o, req), &mut (id, at)| {
+            let ended = end(o, req, at);
+            if ended {
                 self.active.free(id);
             }
-            keep
+            !ended
         });
         self.peer_requests.store(peers.len(), Ordering::Relaxed);
         n - peers.len()
@@ -216,6 +228,7 @@ impl Worker {
         LoadGuard {
             worker: Arc::clone(self),
             booking: None,
+            observer: None,
         }
     }
 
@@ -345,6 +358,28 @@ pub struct LoadGuard {
     /// Its booking on the worker's [`ActiveLoad`], when taken with [`Worker::acquire_booked`]:
     /// (id, dispatch time on the caller's time base in ms, dispatch instant).
     booking: Option<(u64, f64, std::time::Instant)>,
+    /// Told of the request's first token and end ([`LoadGuard::observe`]), with whether the
+    /// first token was told yet and the engine's usage when seen.
+    observer: Option<Observed>,
+}
+
+/// Who else learns of a request's load: replica sync ([`crate::sync`]) publishes its first
+/// token and end to the peer replicas. Called on the thread that holds the [`LoadGuard`];
+/// each method at most once per guard.
+pub trait LoadObserver: Send + Sync + std::fmt::Debug {
+    /// The request's first token reached the router.
+    fn first_token(&self);
+    /// The request ended (its guard dropped), with the engine's `usage` as (prompt tokens,
+    /// cached tokens) when seen.
+    fn done(&self, usage: Option<(u64, u64)>);
+}
+
+/// A [`LoadGuard`]'s observer and what it was told.
+#[derive(Debug)]
+struct Observed {
+    observer: Box<dyn LoadObserver>,
+    first_told: AtomicBool,
+    usage: std::sync::OnceLock<(u64, u64)>,
 }
 
 impl LoadGuard {
@@ -360,6 +395,25 @@ impl LoadGuard {
         if let Some((id, _, _)) = self.booking {
             self.worker.active.first_token(id, now_ms);
         }
+        self.tell_first_token();
+    }
+
+    /// From now on `observer` learns of this request's first token and its end (once each;
+    /// a first token already seen is not told again).
+    pub fn observe(&mut self, observer: Box<dyn LoadObserver>) {
+        self.observer = Some(Observed {
+            observer,
+            first_told: AtomicBool::new(false),
+            usage: std::sync::OnceLock::new(),
+        });
+    }
+
+    fn tell_first_token(&self) {
+        if let Some(o) = &self.observer
+            && !o.first_told.swap(true, Ordering::Relaxed)
+        {
+            o.observer.first_token();
+        }
     }
 
     /// [`LoadGuard::first_token`] now: the dispatch time plus the wall time since (the
@@ -369,6 +423,7 @@ impl LoadGuard {
             let now = at_ms + at.elapsed().as_secs_f64() * 1e3;
             self.worker.active.first_token(id, now);
         }
+        self.tell_first_token();
     }
 
     /// The engine's `usage` for the request: `prompt_tokens`, of which `cached_tokens` came
@@ -376,6 +431,9 @@ impl LoadGuard {
     pub fn served(&self, prompt_tokens: u64, cached_tokens: u64) {
         if let Some((id, _, _)) = self.booking {
             self.worker.active.served(id, prompt_tokens, cached_tokens);
+        }
+        if let Some(o) = &self.observer {
+            let _ = o.usage.set((prompt_tokens, cached_tokens));
         }
     }
 }
@@ -386,6 +444,9 @@ impl Drop for LoadGuard {
             self.worker.active.free(id);
         }
         self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(o) = self.observer.take() {
+            o.observer.done(o.usage.get().copied());
+        }
     }
 }
 
@@ -483,9 +544,13 @@ impl FleetView {
 /// 1. The worker in slot `i` has `id == i`; slots are never reused.
 /// 2. URLs of live (present) workers are normalised and distinct.
 /// 3. A worker's `in_flight` equals the number of live [`LoadGuard`]s taken on it.
+/// 4. `by_url` maps exactly the present workers' URLs to their ids.
 #[derive(Debug)]
 pub struct Workers {
     slots: ArcSwap<Vec<Option<Arc<Worker>>>>,
+    /// Present workers' ids by normalised URL ([`Workers::find_url`], once per replica sync
+    /// message: a lookup, not a scan of thousands of workers); swapped with `slots`.
+    by_url: ArcSwap<HashMap<String, usize>>,
     /// Serialises writers (add, remove); readers never take it.
     write: Mutex<()>,
     settings: WorkerSettings,
@@ -509,6 +574,7 @@ impl Workers {
     pub fn with_settings(specs: &[String], settings: WorkerSettings) -> Result<Workers, CoreError> {
         let w = Workers {
             slots: ArcSwap::from_pointee(Vec::new()),
+            by_url: ArcSwap::from_pointee(HashMap::new()),
             write: Mutex::new(()),
             settings,
         };
@@ -540,7 +606,7 @@ impl Workers {
         let _w = lock(&self.write);
         let (url, host, port) = parse_worker_url(&spec.url)?;
         let cur = self.slots.load_full();
-        if cur.iter().flatten().any(|w| w.url == url) {
+        if self.by_url.load().contains_key(&url) {
             return Err(CoreError::DuplicateWorker { url });
         }
         let id = cur.len();
@@ -577,9 +643,12 @@ impl Workers {
             peers: Mutex::new(HashMap::new()),
             peer_requests: AtomicUsize::new(0),
         });
+        let mut by_url = (**self.by_url.load()).clone();
+        by_url.insert(worker.url.clone(), id);
         let mut next = (*cur).clone();
         next.push(Some(worker));
         self.slots.store(Arc::new(next));
+        self.by_url.store(Arc::new(by_url));
         Ok(id)
     }
 
@@ -604,7 +673,10 @@ impl Workers {
         w.draining.store(true, Ordering::Relaxed);
         let mut next = (*cur).clone();
         next[id] = None;
+        let mut by_url = (**self.by_url.load()).clone();
+        by_url.remove(&w.url);
         self.slots.store(Arc::new(next));
+        self.by_url.store(Arc::new(by_url));
         Some(w)
     }
 
@@ -630,8 +702,11 @@ impl Workers {
 
     /// The present worker with URL `url` (normalised as [`parse_worker_url`] does).
     pub fn find_url(&self, url: &str) -> Option<Arc<Worker>> {
-        let (url, _, _) = parse_worker_url(url).ok()?;
-        self.iter().into_iter().find(|w| w.url == url)
+        let id = match self.by_url.load().get(url) {
+            Some(&id) => id,
+            None => *self.by_url.load().get(&parse_worker_url(url).ok()?.0)?,
+        };
+        self.get(id)
     }
 
     /// Present workers in id order.
@@ -694,6 +769,12 @@ impl Workers {
             if w.url.ends_with('/') || !seen.insert(w.url.clone()) {
                 return Err((2, i));
             }
+            if self.by_url.load().get(&w.url) != Some(&i) {
+                return Err((4, i));
+            }
+        }
+        if self.by_url.load().len() != seen.len() {
+            return Err((4, usize::MAX));
         }
         Ok(())
     }
@@ -866,6 +947,47 @@ mod tests {
         assert_eq!(w.check_invariants(), Ok(()));
         let cold = w.add(&spec("http://d:4"), false).unwrap();
         assert!(!w.get(cold).unwrap().is_healthy());
+    }
+
+    /// An observer hears of the first token once, however often the relay marks it, and of
+    /// the end once, with the engine's usage.
+    #[test]
+    fn an_observer_hears_first_token_and_end_once() {
+        #[derive(Debug, Default)]
+        struct Heard(Mutex<Vec<String>>);
+        impl LoadObserver for Arc<Heard> {
+            fn first_token(&self) {
+                lock(&self.0).push("first".into());
+            }
+            fn done(&self, usage: Option<(u64, u64)>) {
+                lock(&self.0).push(format!("done {usage:?}"));
+            }
+        }
+        let w = two();
+        let worker = w.get(0).unwrap();
+        let heard = Arc::new(Heard::default());
+        let booking = Booking {
+            prompt_tokens: 100,
+            cached_tokens: 0,
+            prefill_ms: 5.0,
+            block_keys: Vec::new(),
+            unkeyed_blocks: 6,
+        };
+        let mut g = worker.acquire_booked(booking, 0.0);
+        g.observe(Box::new(Arc::clone(&heard)));
+        g.first_token(1.0);
+        g.first_token_now();
+        g.served(100, 64);
+        assert_eq!(*lock(&heard.0), ["first"]);
+        drop(g);
+        assert_eq!(*lock(&heard.0), ["first", "done Some((100, 64))"]);
+        assert_eq!(worker.in_flight(), 0);
+        // Without a first token or usage: the end alone.
+        let heard = Arc::new(Heard::default());
+        let mut g = worker.acquire();
+        g.observe(Box::new(Arc::clone(&heard)));
+        drop(g);
+        assert_eq!(*lock(&heard.0), ["done None"]);
     }
 
     #[test]

@@ -460,7 +460,8 @@ async fn attempts(
         // Counted before the request leaves (B1); released exactly once when the guard
         // drops: at the end of the relay, on a failed attempt, or when the client leaves.
         let booking = shared.router.booking_request(&snap, &facts, &decision);
-        let guard = worker.acquire_booked(booking, now as f64);
+        let wire = kvroute_core::sync::WireBooking::from(&booking);
+        let mut guard = worker.acquire_booked(booking, now as f64);
         rec.upstream_sent.get_or_insert_with(Instant::now);
         rec.worker = Some(worker.id);
         // With client keys configured, the client's key is kvroute's: it never goes upstream.
@@ -504,6 +505,11 @@ async fn attempts(
                 // Not retryable, or no retry left: the worker's own answer goes to the client.
                 if !retryable || !others || !may_retry(shared, rec, tried, "status_5xx", worker.id)
                 {
+                    // Committed: the peer replicas book it (its first token and end follow
+                    // from the guard).
+                    if let Some(link) = &shared.sync {
+                        guard.observe(link.routed(&shared.router, key, &worker.url, wire));
+                    }
                     return Ok(Committed {
                         worker,
                         decision,

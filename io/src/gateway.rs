@@ -74,6 +74,13 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
         None
     };
     let tokenizers = Tokenizers::load(&cfg)?;
+    let (sync, sync_rx) = match &cfg.nats_url {
+        Some(_) => {
+            let (link, rx) = crate::nats::SyncLink::new();
+            (Some(link), Some(rx))
+        }
+        None => (None, None),
+    };
     let shared = Arc::new(Shared {
         settings: Settings::of(&cfg, shards, force_epoll),
         workers,
@@ -93,6 +100,7 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
             .map_or(0, |d| d.as_secs()),
         shutting_down: AtomicBool::new(false),
         key_tap: Default::default(),
+        sync,
     });
     for spec in &specs {
         add_worker(&shared, spec, shared.settings.health_checks.as_ref())?;
@@ -112,6 +120,15 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
             cfg.dns_max_addresses,
             Box::new(resolver),
         )?;
+    }
+    if let (Some(link), Some(rx), Some(url)) = (&shared.sync, sync_rx, &cfg.nats_url) {
+        crate::nats::start(&shared, link.clone(), rx, url, &cfg.nats_subject_prefix)?;
+        tracing::info!(
+            nats = url,
+            subject = crate::nats::subject(&cfg.nats_subject_prefix),
+            replica = link.origin(),
+            "replica sync on"
+        );
     }
     if let Some(checks) = shared.settings.health_checks {
         crate::health::start(&shared, checks)?;

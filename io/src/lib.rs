@@ -26,6 +26,7 @@ pub mod http1;
 pub mod load_poll;
 pub mod message;
 pub mod migrate;
+pub mod nats;
 pub mod record;
 pub mod relay;
 pub mod shard;

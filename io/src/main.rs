@@ -110,6 +110,14 @@ struct ServeArgs {
     /// /etc/resolv.conf for SRV].
     #[arg(long, value_name = "IP:PORT")]
     dns_server: Option<String>,
+    /// Replica sync: share load and placements with the other kvroute replicas of this
+    /// fleet through this NATS server, nats://HOST:PORT (comma-separated for a cluster)
+    /// [default: off].
+    #[arg(long = "nats", value_name = "URL")]
+    nats_url: Option<String>,
+    /// Replica sync: subject prefix (messages go on PREFIX.sync); one per fleet.
+    #[arg(long)]
+    nats_subject_prefix: Option<String>,
     /// Routing policy: round_robin, random, least_request, power_of_two, least_load,
     /// cache_aware, kv_aware, prefix_hash, consistent_hash, pure_affinity, predicted_ttft, or
     /// a preset: smg_cache_aware, dynamo_kv.
@@ -375,7 +383,11 @@ impl ServeArgs {
                 $(if let Some(v) = self.$field { cfg.$field = v; })*
             };
         }
+        if self.nats_url.is_some() {
+            cfg.nats_url = self.nats_url;
+        }
         overlay!(
+            nats_subject_prefix,
             dns_refresh_secs,
             dns_max_addresses,
             health_check_interval_secs,
@@ -704,6 +716,10 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
         ),
         ("dns_refresh_secs", defaults::DNS_REFRESH_SECS.to_string()),
         ("dns_max_addresses", defaults::DNS_MAX_ADDRESSES.to_string()),
+        (
+            "nats_subject_prefix",
+            defaults::NATS_SUBJECT_PREFIX.to_string(),
+        ),
         (
             "health_check_interval_secs",
             defaults::HEALTH_CHECK_INTERVAL_SECS.to_string(),

@@ -127,6 +127,8 @@ pub struct Shared {
     pub started_unix_secs: u64,
     /// Set by a shutdown signal: readiness false, listeners closed, keep-alive ends.
     pub shutting_down: AtomicBool,
+    /// Replica sync's shard side (`--nats`, [`crate::nats`]); `None`: off.
+    pub sync: Option<Arc<crate::nats::SyncLink>>,
     /// Test hook: once set, every routed request's final [`RouteKey`] (after tokenization) is
     /// appended here. Unset in production: one atomic load per request.
     pub key_tap: OnceLock<Mutex<Vec<RouteKey>>>,

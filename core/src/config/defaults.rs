@@ -232,6 +232,14 @@ pub const DNS_REFRESH_SECS: u64 = 30;
 /// (`kvroute_discovery_truncations_total`). 1,024 is the fleet kvroute's event index is
 /// measured at (README, `kvroute bench index`), and a bound on what one bad zone can add.
 pub const DNS_MAX_ADDRESSES: usize = 1024;
+/// Replica sync (`--nats`): the subject prefix; messages go on `kvroute.sync`. The
+/// product's name, as Dynamo prefixes its subjects with its namespace.
+pub const NATS_SUBJECT_PREFIX: &str = "kvroute";
+/// Replica sync: messages the shards may queue for the NATS thread; more are dropped and
+/// counted (`kvroute_sync_dropped_total{reason="queue_full"}`), never waited on. 65,536
+/// is ~1 s of a 2-core router at 20k req/s sending 3 messages per request (routed, first
+/// token, done): a slow bus costs at most that much memory (~100 bytes a message).
+pub const SYNC_QUEUE: usize = 65_536;
 /// DNS discovery: time allowed for one query, s, tried twice per nameserver: the `timeout:5`
 /// and `attempts:2` defaults of resolv.conf(5), which hickory-resolver follows.
 pub const DNS_TIMEOUT_SECS: u64 = 5;

@@ -426,6 +426,14 @@ pub struct Config {
     /// getaddrinfo, which honours /etc/hosts and nsswitch as `--worker` hosts do, SRV through
     /// /etc/resolv.conf's nameservers, search list and ndots).
     pub dns_server: Option<String>,
+    /// Replica sync: the NATS server(s) to share load and placements with the other router
+    /// replicas over ([`crate::sync`]), `nats://HOST:PORT` (or `HOST:PORT`; several
+    /// comma-separated). Unset: no sync (one router, or replicas that each poll the engines).
+    pub nats_url: Option<String>,
+    /// Replica sync: the subject prefix; messages go on `PREFIX.sync`. Replicas of one
+    /// fleet share it; fleets sharing a NATS server use distinct ones
+    /// ([`defaults::NATS_SUBJECT_PREFIX`]).
+    pub nats_subject_prefix: String,
     /// Routing policy ([`defaults::POLICY`]).
     pub policy: PolicyKind,
     /// cache_aware match-ratio threshold, 0–1 ([`defaults::CACHE_THRESHOLD`]).
@@ -546,6 +554,8 @@ impl Default for Config {
             dns_refresh_secs: defaults::DNS_REFRESH_SECS,
             dns_max_addresses: defaults::DNS_MAX_ADDRESSES,
             dns_server: None,
+            nats_url: None,
+            nats_subject_prefix: defaults::NATS_SUBJECT_PREFIX.to_string(),
             policy: defaults::POLICY,
             cache_threshold: defaults::CACHE_THRESHOLD,
             balance_rel_threshold: defaults::BALANCE_REL_THRESHOLD,
@@ -635,6 +645,7 @@ impl Config {
         {
             return Err(CoreError::BadDnsServer(server.clone()));
         }
+        check_nats(self.nats_url.as_deref(), &self.nats_subject_prefix)?;
         let mut seen = std::collections::HashSet::new();
         for spec in &self.workers {
             parse_worker_spec(spec)?;
@@ -744,6 +755,54 @@ impl Config {
         }
         Ok(self)
     }
+}
+
+/// Checks replica sync's settings: each comma-separated server of `url` is
+/// `[nats://|tls://]HOST:PORT`; `prefix` is dot-separated tokens of letters, digits, `_`
+/// and `-` (a NATS subject without wildcards).
+///
+/// # Errors
+/// [`CoreError::BadNats`] naming the flag.
+fn check_nats(url: Option<&str>, prefix: &str) -> Result<(), CoreError> {
+    let bad = |flag, value: &str, problem| {
+        Err(CoreError::BadNats {
+            flag,
+            value: value.to_string(),
+            problem,
+        })
+    };
+    if let Some(url) = url {
+        for server in url.split(',') {
+            let hostport = server
+                .trim()
+                .strip_prefix("nats://")
+                .or_else(|| server.trim().strip_prefix("tls://"))
+                .unwrap_or(server.trim());
+            let ok = hostport
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return bad(
+                    "nats",
+                    url,
+                    "expected nats://HOST:PORT (e.g. nats://127.0.0.1:4222)",
+                );
+            }
+        }
+    }
+    let token_ok = |t: &str| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    if !prefix.split('.').all(token_ok) {
+        return bad(
+            "nats-subject-prefix",
+            prefix,
+            "expected dot-separated tokens of letters, digits, _ and - (e.g. kvroute.prod)",
+        );
+    }
+    Ok(())
 }
 
 /// True when `listen` (`HOST:PORT`) names a loopback address (`127.0.0.0/8`, `::1`,
