@@ -11,7 +11,7 @@
 //!
 //! | [`SyncMsg::Live`] | every [`HEARTBEAT_MS`] | ends that peer's bookings whose ids it no longer lists (their `Done` was lost); a peer silent for [`SILENT_HEARTBEATS`] heartbeats has all its bookings ended ([`PeerClock`]) | Dynamo's router instances expire a silent peer's requests (etcd lease) |
 //! | [`SyncMsg::Hello`] | a replica (re)connects to the bus | publishes again the `Routed` (and `FirstToken`) of every request it has in flight, so the newcomer books them (a duplicate books once), and sends it its recent placements ([`SyncMsg::Placed`]) | SMG's gossip pages whole trees to a joining router; this sends a bounded window |
-//! | [`SyncMsg::Placed`] | answering a `Hello` | records the page keys of each placement for its worker, books nothing | |
+//! | [`SyncMsg::Placed`] | a request committed (live transport: its `Routed` left at dispatch, without pages, since a failed attempt records nothing), or answering a `Hello` | records the page keys of each placement for its worker, books nothing | SMG's tree gossip (inserts) |
 //!
 //! What is never sent: the engine event index (every replica subscribes to every engine),
 //! expiry and eviction (each replica bounds its own [`kvroute_index::PeerPages`]), prompts
@@ -145,12 +145,13 @@ pub enum SyncMsg {
         /// Sending replica.
         origin: u64,
     },
-    /// `origin`'s recent placements, for replica `to` (a `Hello`'s sender).
+    /// Placements of `origin`: one request's as it commits (`to` = `None`: for every
+    /// peer), or its recent ones for replica `to` (a `Hello`'s sender).
     Placed {
         /// Sending replica.
         origin: u64,
-        /// The replica that asked.
-        to: u64,
+        /// The replica that asked, or `None` for all.
+        to: Option<u64>,
         /// Newest last.
         placements: Vec<Placement>,
     },
@@ -384,7 +385,7 @@ pub fn apply(msg: &SyncMsg, me: u64, router: &Router, workers: &Workers, now_ms:
         }
         // Answered by the transport (it holds the live requests and placements).
         SyncMsg::Hello { .. } => Applied::Done,
-        SyncMsg::Placed { to, .. } if *to != me => Applied::Elsewhere,
+        SyncMsg::Placed { to: Some(to), .. } if *to != me => Applied::Elsewhere,
         SyncMsg::Placed { placements, .. } => {
             let mut applied = Applied::Done;
             for p in placements {
@@ -598,16 +599,16 @@ mod tests {
     }
 
     /// A `Placed` answer records its placements for the replica that asked, books nothing,
-    /// and is ignored by the others.
+    /// and is ignored by the others; a broadcast one is recorded by all.
     #[test]
     fn placed_answers_record_pages_for_the_asker_only() {
         let (router, workers) = setup();
         let text = "p".repeat(256);
         let pages = router.page_keys(&text_key(&text)).expect("text pages");
         assert_eq!(pages.keys.len(), 256 / TEXT_PAGE_BYTES);
-        let msg = SyncMsg::Placed {
+        let mut msg = SyncMsg::Placed {
             origin: 4,
-            to: 1,
+            to: Some(1),
             placements: vec![Placement {
                 worker: "http://b:2".into(),
                 model: "m".into(),
@@ -616,6 +617,11 @@ mod tests {
         };
         assert_eq!(apply(&msg, 9, &router, &workers, 0.0), Applied::Elsewhere);
         assert_eq!(apply(&msg, 1, &router, &workers, 0.0), Applied::Done);
+        // Broadcast (a commit's placement): every peer records it.
+        if let SyncMsg::Placed { to, .. } = &mut msg {
+            *to = None;
+        }
+        assert_eq!(apply(&msg, 9, &router, &workers, 0.0), Applied::Done);
         router.flush();
         assert_eq!(workers.get(1).unwrap().peer_requests(), 0);
         let loads = vec![WorkerLoad::default(); 2];

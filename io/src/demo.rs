@@ -53,6 +53,87 @@ pub struct DemoArgs {
     /// No progress bars.
     #[arg(long)]
     pub quiet: bool,
+    /// Replica sync for --replicas: `embedded` (start nats-server from PATH on a free
+    /// loopback port for the demo) or a NATS server's nats://HOST:PORT; each run gets its
+    /// own subject prefix. The simulated comparison then models the same sync
+    /// ([`DEMO_SYNC_DELAY_MS`] delivery). [default: off]
+    #[arg(long, value_name = "URL|embedded")]
+    pub nats: Option<String>,
+}
+
+/// Delivery delay of replica sync on loopback NATS that the demo's simulated comparison
+/// models, virtual ms: a NATS publish-to-delivery on loopback is ~0.1 ms (nats-bench);
+/// 1 ms rounds up for the JSON encode and the kv-nats thread's wake-up.
+pub const DEMO_SYNC_DELAY_MS: f64 = 1.0;
+
+/// A `nats-server` child on a loopback port for `demo --nats embedded`; killed on drop.
+struct EmbeddedNats {
+    child: std::process::Child,
+    url: String,
+}
+
+impl EmbeddedNats {
+    /// Starts `nats-server` from PATH on a free loopback port and waits (≤ 10 s) until it
+    /// accepts connections.
+    ///
+    /// # Errors
+    /// nats-server is not on PATH, or does not listen within 10 s.
+    fn start() -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = std::process::Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context(
+                "--nats embedded starts nats-server from PATH (apt-get install nats-server), \
+                 or give --nats nats://HOST:PORT",
+            )?;
+        let mut n = EmbeddedNats {
+            child,
+            url: format!("nats://127.0.0.1:{port}"),
+        };
+        let until = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > until || n.child.try_wait()?.is_some() {
+                anyhow::bail!("nats-server did not listen on 127.0.0.1:{port} within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for EmbeddedNats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits (≤ 15 s) until every replica of `servers` is connected to NATS and hears the
+/// others; warns when one does not (the run goes on: replicas route on local state).
+fn wait_synced(servers: &[kvroute_io::shard::Server]) {
+    let peers = servers.len().saturating_sub(1) as f64;
+    let until = Instant::now() + Duration::from_secs(15);
+    let synced = |s: &kvroute_io::shard::Server| {
+        let m = s.shared().metrics.encode(&s.shared().workers);
+        let v = |name: &str| {
+            m.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        };
+        v("kvroute_sync_connected ") == Some(1.0) && v("kvroute_sync_peers ") == Some(peers)
+    };
+    while !servers.iter().all(synced) {
+        if Instant::now() > until {
+            eprintln!("warning: replicas not all connected to NATS after 15 s; running anyway");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -131,7 +212,22 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let records = fleet::load_records(args.fleet.trace.as_deref(), args.fleet.max_requests)?;
-    let fleet = args.fleet.fleet(&records);
+    let mut fleet = args.fleet.fleet(&records);
+    let embedded = match args.nats.as_deref() {
+        Some("embedded") => Some(EmbeddedNats::start()?),
+        _ => None,
+    };
+    let nats_url = embedded
+        .as_ref()
+        .map(|n| n.url.clone())
+        .or(args.nats.clone());
+    if nats_url.is_some() {
+        anyhow::ensure!(
+            fleet.replicas > 1,
+            "--nats syncs router replicas: give --replicas N (N >= 2)"
+        );
+        fleet.sync_delay_ms = Some(DEMO_SYNC_DELAY_MS);
+    }
     let num_gpu_blocks = fleet.num_gpu_blocks;
     let tokenizer = Arc::new(Tokenizer::qwen3()?);
     let prompts = PromptBuilder::new(
@@ -176,7 +272,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut notes = Vec::new();
     // (policy, field, value) added to that policy's entry in the `--out` JSON.
     let mut extras: Vec<(String, &str, serde_json::Value)> = Vec::new();
-    for (name, run) in &runs {
+    for (i, (name, run)) in runs.iter().enumerate() {
         let on_events = run.routing == Routing::Events;
         let on_tokens = run.routing != Routing::Text;
         let policy = run.policy;
@@ -196,6 +292,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         if on_tokens {
             cfg.tokenizer = Some(events_tokenizer());
         }
+        if let Some(url) = &nats_url {
+            cfg.nats_url = Some(url.clone());
+            // Each run its own subject: a late message of the last run never reaches this one.
+            cfg.nats_subject_prefix = format!("kvroute-demo-{}.run{i}", std::process::id());
+        }
         if on_events {
             cfg.workers = engines
                 .iter()
@@ -212,6 +313,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         let servers = (0..fleet.replicas)
             .map(|_| gateway::start(cfg.clone(), false).map_err(anyhow::Error::from))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        if nats_url.is_some() {
+            wait_synced(&servers);
+        }
         let mut gateways = servers.iter().map(|s| format!("http://{}", s.local_addr()));
         let replay_cfg = ReplayConfig {
             url: gateways.next().expect("at least one replica"),
@@ -229,6 +333,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             .map(|s| s.shared().metrics.encode(&s.shared().workers))
             .collect();
         notes.push(format!("{name}: {}", routing_note(&metrics)));
+        if nats_url.is_some() {
+            notes.push(format!("{name}: {}", sync_note(&metrics)));
+        }
         if let Some(h) = hit_tokens_of(&metrics) {
             extras.push((name.clone(), "hit_tokens", serde_json::to_value(h)?));
         }
@@ -299,6 +406,30 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
+}
+
+/// Replica sync's counters summed over the replicas' metrics `text`: messages sent,
+/// applied, dropped, and peer bookings that ended by heartbeat or silence.
+fn sync_note(text: &str) -> String {
+    let total = |metric: &str, label: &str| -> f64 {
+        sum_by_label(text, metric, label)
+            .iter()
+            .map(|(_, v)| v)
+            .sum()
+    };
+    let received = sum_by_label(text, "kvroute_sync_received_total", "outcome");
+    format!(
+        "replica sync sent {:.0}, applied {:.0} (not booked {:.0}), dropped {:.0}, peer \
+         bookings expired {:.0}",
+        total("kvroute_sync_sent_total", "type"),
+        value_of(&received, "done"),
+        value_of(&received, "not_booked"),
+        total("kvroute_sync_dropped_total", "reason"),
+        text.lines()
+            .filter(|l| l.starts_with("kvroute_sync_peer_bookings_expired_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .fold(0.0, |a, b| a + b)
+    )
 }
 
 /// Sum of the samples of `metric` in Prometheus text `text`, by the value of `label`.

@@ -462,6 +462,11 @@ async fn attempts(
         let booking = shared.router.booking_request(&snap, &facts, &decision);
         let wire = kvroute_core::sync::WireBooking::from(&booking);
         let mut guard = worker.acquire_booked(booking, now as f64);
+        // The peer replicas count it from now too; its first token and end follow from the
+        // guard.
+        if let Some(link) = &shared.sync {
+            guard.observe(link.dispatched(&key.model, &worker.url, wire));
+        }
         rec.upstream_sent.get_or_insert_with(Instant::now);
         rec.worker = Some(worker.id);
         // With client keys configured, the client's key is kvroute's: it never goes upstream.
@@ -505,10 +510,9 @@ async fn attempts(
                 // Not retryable, or no retry left: the worker's own answer goes to the client.
                 if !retryable || !others || !may_retry(shared, rec, tried, "status_5xx", worker.id)
                 {
-                    // Committed: the peer replicas book it (its first token and end follow
-                    // from the guard).
+                    // Committed: the peer replicas record its placement.
                     if let Some(link) = &shared.sync {
-                        guard.observe(link.routed(&shared.router, key, &worker.url, wire));
+                        link.committed(&shared.router, key, &worker.url);
                     }
                     return Ok(Committed {
                         worker,

@@ -86,6 +86,7 @@ impl FleetArgs {
             time_scale: self.time_scale,
             replicas: self.replicas,
             load_poll_ms: self.load_poll_ms,
+            sync_delay_ms: None,
         }
     }
 }
@@ -174,6 +175,8 @@ pub struct Fleet {
     pub replicas: usize,
     /// Engine load reports, ms (0 = off).
     pub load_poll_ms: u64,
+    /// Replica sync's delivery delay, virtual ms (`None`: replicas do not sync).
+    pub sync_delay_ms: Option<f64>,
 }
 
 impl Fleet {
@@ -199,7 +202,7 @@ impl Fleet {
             seed: sim::DEFAULT_SEED,
             event_delay_ms: sim::DEFAULT_EVENT_DELAY_MS,
             replicas: self.replicas,
-            sync_delay_ms: None,
+            sync_delay_ms: self.sync_delay_ms,
             spread_secs: sim::DEFAULT_SPREAD_SECS,
             wire_events: false,
         }

@@ -4,10 +4,12 @@
 //! publisher's messages in order for every subscriber.
 //!
 //! Two sides:
-//! - The shards hold a [`SyncLink`]. When a request is committed to a worker they call
-//!   [`SyncLink::routed`], which queues its `Routed` and returns the observer that the
-//!   request's [`kvroute_core::workers::LoadGuard`] tells of its first token and its end
-//!   (`FirstToken`, `Done`). Queueing is a `try_send` on a bounded channel
+//! - The shards hold a [`SyncLink`]. When an attempt is sent to a worker they call
+//!   [`SyncLink::dispatched`], which queues its `Routed` and returns the observer that the
+//!   attempt's [`kvroute_core::workers::LoadGuard`] tells of its first token and its end
+//!   (`FirstToken`, `Done`); when it commits, [`SyncLink::committed`] queues its placement
+//!   (`Placed`, the prompt's page keys). Peers thus count it from dispatch, as its own
+//!   router does, and record its pages only for a worker that answered. Queueing is a `try_send` on a bounded channel
 //!   ([`defaults::SYNC_QUEUE`]): a shard never waits on NATS.
 //! - The `kv-nats` thread (a current-thread Tokio runtime for async-nats) publishes the
 //!   queue, applies what peers send ([`sync::apply`]), and every [`sync::HEARTBEAT_MS`]
@@ -99,14 +101,14 @@ impl SyncLink {
         }
     }
 
-    /// A request routed with `key` was committed to `worker_url` with `booking`: queues its
-    /// `Routed` (with page keys when `router` records placements, [`sync::routed`]) and
-    /// returns the observer for its load guard ([`kvroute_core::workers::LoadGuard::observe`]),
-    /// which sends its `FirstToken` and `Done`.
-    pub fn routed(
+    /// A request for `model` was sent to `worker_url` with `booking` (an attempt: counted
+    /// from dispatch, as this router counts its own, bug-cases B1): queues its `Routed`
+    /// (without pages) and returns the observer for its load guard
+    /// ([`kvroute_core::workers::LoadGuard::observe`]), which sends its `FirstToken` and
+    /// `Done`. A failed attempt ends like any other request: its guard drops.
+    pub fn dispatched(
         self: &Arc<Self>,
-        router: &kvroute_core::policy::Router,
-        key: &RouteKey,
+        model: &str,
         worker_url: &str,
         booking: WireBooking,
     ) -> Box<dyn LoadObserver> {
@@ -115,24 +117,46 @@ impl SyncLink {
             req,
             LiveReq {
                 worker: worker_url.to_string(),
-                model: key.model.clone(),
+                model: model.to_string(),
                 booking,
                 first: false,
             },
         );
-        self.send(sync::routed(
-            router,
-            self.origin,
+        self.send(SyncMsg::Routed {
+            origin: self.origin,
             req,
-            worker_url,
-            key,
+            worker: worker_url.to_string(),
+            model: model.to_string(),
             booking,
-        ));
+            pages: None,
+        });
         Box::new(Ticket {
             link: Arc::clone(self),
             req,
             worker: worker_url.to_string(),
         })
+    }
+
+    /// The request routed with `key` committed to `worker_url` (its first bytes arrived):
+    /// queues its placement for every peer when `router` records placements
+    /// ([`kvroute_core::policy::Router::page_keys`]), as this router records its own only now.
+    pub fn committed(
+        &self,
+        router: &kvroute_core::policy::Router,
+        key: &RouteKey,
+        worker_url: &str,
+    ) {
+        if let Some(pages) = router.page_keys(key) {
+            self.send(SyncMsg::Placed {
+                origin: self.origin,
+                to: None,
+                placements: vec![Placement {
+                    worker: worker_url.to_string(),
+                    model: key.model.clone(),
+                    pages,
+                }],
+            });
+        }
     }
 
     /// The `Routed` (without pages) and, past their first token, `FirstToken` of every
@@ -285,15 +309,13 @@ async fn run(
         tokio::select! {
             msg = rx.recv() => {
                 let (Some(msg), Some(shared)) = (msg, weak.upgrade()) else { break };
-                if let SyncMsg::Routed { worker, model, pages: Some(pages), .. } = &msg {
-                    if placements.len() == sync::REPLAY_PLACEMENTS {
-                        placements.pop_front();
+                if let SyncMsg::Placed { to: None, placements: p, .. } = &msg {
+                    for p in p {
+                        if placements.len() == sync::REPLAY_PLACEMENTS {
+                            placements.pop_front();
+                        }
+                        placements.push_back(p.clone());
                     }
-                    placements.push_back(Placement {
-                        worker: worker.clone(),
-                        model: model.clone(),
-                        pages: pages.clone(),
-                    });
                 }
                 bus.publish(&shared, &msg).await;
             }
@@ -407,7 +429,7 @@ impl Bus {
         for chunk in all.chunks(sync::PLACEMENTS_PER_MESSAGE) {
             let msg = SyncMsg::Placed {
                 origin: self.me,
-                to,
+                to: Some(to),
                 placements: chunk.to_vec(),
             };
             self.publish(shared, &msg).await;

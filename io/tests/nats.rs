@@ -231,7 +231,7 @@ fn three_replicas_keep_each_conversation_on_one_worker() {
         let mut holder: Option<String> = None;
         for turn in 0..4 {
             let (to, next) = (replicas[(conv + turn) % 3], replicas[(conv + turn + 1) % 3]);
-            let before = applied(next, "routed");
+            let before = applied(next, "placed");
             let served = send(to, &chat(conv, turn, 8));
             match &holder {
                 None => holder = Some(served.clone()),
@@ -239,7 +239,7 @@ fn three_replicas_keep_each_conversation_on_one_worker() {
             }
             // The next replica has heard of this turn before the user's next message.
             assert!(wait_until(Duration::from_secs(5), || applied(
-                next, "routed"
+                next, "placed"
             ) > before));
         }
         firsts.insert(holder.unwrap());

@@ -1355,4 +1355,45 @@ mod tests {
         );
         assert_eq!(cfg.api_keys, vec!["k".to_string()]);
     }
+
+    /// `--nats` takes nats://HOST:PORT lists; the prefix is a wildcard-free subject.
+    #[test]
+    fn nats_settings_are_checked() {
+        let with = |url: Option<&str>, prefix: &str| {
+            Config {
+                workers: vec!["http://a:1".into()],
+                nats_url: url.map(str::to_string),
+                nats_subject_prefix: prefix.into(),
+                ..Config::default()
+            }
+            .validate()
+        };
+        assert_eq!(
+            Config::default().nats_subject_prefix,
+            defaults::NATS_SUBJECT_PREFIX
+        );
+        assert!(with(None, defaults::NATS_SUBJECT_PREFIX).is_ok());
+        assert!(with(Some("nats://127.0.0.1:4222"), "kvroute.prod-1").is_ok());
+        assert!(with(Some("nats://a:4222, tls://b:4222,c:1"), "x").is_ok());
+        for (url, prefix, flag) in [
+            (Some("nats://host"), "kvroute", "nats"),
+            (Some("nats://:4222"), "kvroute", "nats"),
+            (Some("nats://h:0"), "kvroute", "nats"),
+            (None, "kvroute.>", "nats-subject-prefix"),
+            (None, "a..b", "nats-subject-prefix"),
+            (None, "", "nats-subject-prefix"),
+        ] {
+            match with(url, prefix) {
+                Err(CoreError::BadNats { flag: f, .. }) => assert_eq!(f, flag, "{url:?} {prefix}"),
+                other => panic!("{url:?} {prefix}: {other:?}"),
+            }
+        }
+        let e = with(Some("nats://host"), "kvroute")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "config: --nats \"nats://host\": expected nats://HOST:PORT (e.g. nats://127.0.0.1:4222)"
+        );
+    }
 }
