@@ -717,9 +717,7 @@ impl Metrics {
 
     /// A request refused as invalid (`reason`: malformed, head_too_large, body_too_large, ...).
     pub fn on_bad_request(&self, reason: &str) {
-        self.bad_requests
-            .get_or_create(&vec![("reason", reason.to_string())])
-            .inc();
+        inc_labelled(&self.bad_requests, "reason", reason, 1);
     }
 
     /// Where one routed request's token ids came from (`source`: `none`, `body`, `header`,
@@ -789,9 +787,7 @@ impl Metrics {
     /// An `x-kvroute-routing-tokens` header that was ignored (`reason`: `too_long`,
     /// `too_many`, `malformed`). Never an error for the request.
     pub fn on_routing_tokens_rejected(&self, reason: &str) {
-        self.header_rejected
-            .get_or_create(&vec![("reason", reason.to_string())])
-            .inc();
+        inc_labelled(&self.header_rejected, "reason", reason, 1);
     }
 
     /// Sets `worker`'s (id) health, breaker and draining gauges; call on every change or
@@ -828,17 +824,13 @@ impl Metrics {
     /// A DNS discovery lookup of `source` (its spec's `NAME:PORT` or `srv:NAME`) gave no
     /// usable answer (`kvroute_discovery_errors_total{source}`).
     pub fn on_discovery_error(&self, source: &str) {
-        self.discovery_errors
-            .get_or_create(&vec![("source", source.to_string())])
-            .inc();
+        inc_labelled(&self.discovery_errors, "source", source, 1);
     }
 
     /// A DNS discovery answer of `source` was cut to the address cap
     /// (`kvroute_discovery_truncations_total{source}`).
     pub fn on_discovery_truncated(&self, source: &str) {
-        self.discovery_truncations
-            .get_or_create(&vec![("source", source.to_string())])
-            .inc();
+        inc_labelled(&self.discovery_truncations, "source", source, 1);
     }
 
     /// `source` has `workers` workers in the fleet now (`kvroute_discovery_workers{source}`).
@@ -850,16 +842,12 @@ impl Metrics {
 
     /// A replica sync message of type `kind` was published (`kvroute_sync_sent_total{type}`).
     pub fn on_sync_sent(&self, kind: &str) {
-        self.sync_sent
-            .get_or_create(&vec![("type", kind.to_string())])
-            .inc();
+        inc_labelled(&self.sync_sent, "type", kind, 1);
     }
 
     /// `n` replica sync messages were not published (`kvroute_sync_dropped_total{reason}`).
     pub fn on_sync_dropped(&self, reason: &str, n: u64) {
-        self.sync_dropped
-            .get_or_create(&vec![("reason", reason.to_string())])
-            .inc_by(n);
+        inc_labelled(&self.sync_dropped, "reason", reason, n);
     }
 
     /// A replica sync message of type `kind` ([`crate::sync::SyncMsg::kind`], or `unknown`
@@ -988,4 +976,11 @@ impl HitTokens {
             ("unannounced", self.unannounced),
         ]
     }
+}
+
+/// Adds `n` to the sample of `family` labelled `name="value"`.
+fn inc_labelled(family: &Family<Labels, Counter>, name: &'static str, value: &str, n: u64) {
+    family
+        .get_or_create(&vec![(name, value.to_string())])
+        .inc_by(n);
 }

@@ -427,6 +427,19 @@ mod tests {
         }
     }
 
+    /// Workers 0 and 1's overlaps with `key` (idle loads, both eligible).
+    fn overlaps(router: &Router, key: &RouteKey) -> (usize, usize) {
+        let loads = vec![WorkerLoad::default(); 2];
+        let snap = Snapshot {
+            workers: &loads,
+            eligible: &[0, 1],
+            seq: 0,
+            now_ms: 1,
+        };
+        let o = router.overlaps(&snap, &router.request(key));
+        (o.of(0), o.of(1))
+    }
+
     fn booking(prompt_tokens: u64) -> WireBooking {
         WireBooking {
             prompt_tokens,
@@ -529,14 +542,7 @@ mod tests {
         router.flush();
         // Booked all the same; its pages were not recorded.
         assert_eq!(workers.get(0).unwrap().peer_requests(), 1);
-        let loads = vec![WorkerLoad::default(); 2];
-        let snap = Snapshot {
-            workers: &loads,
-            eligible: &[0, 1],
-            seq: 0,
-            now_ms: 1,
-        };
-        assert_eq!(router.overlaps(&snap, &router.request(&key)).of(0), 0);
+        assert_eq!(overlaps(&router, &key).0, 0);
         assert_eq!(workers.get(1).unwrap().peer_requests(), 0);
     }
 
@@ -624,15 +630,10 @@ mod tests {
         assert_eq!(apply(&msg, 9, &router, &workers, 0.0), Applied::Done);
         router.flush();
         assert_eq!(workers.get(1).unwrap().peer_requests(), 0);
-        let loads = vec![WorkerLoad::default(); 2];
-        let snap = Snapshot {
-            workers: &loads,
-            eligible: &[0, 1],
-            seq: 0,
-            now_ms: 1,
-        };
-        let o = router.overlaps(&snap, &router.request(&text_key(&format!("{text}more"))));
-        assert_eq!((o.of(0), o.of(1)), (0, 256));
+        assert_eq!(
+            overlaps(&router, &text_key(&format!("{text}more"))),
+            (0, 256)
+        );
     }
 
     /// The wire form is JSON with a `type` tag (what `--nats` publishes), and round-trips.

@@ -414,8 +414,7 @@ fn sync_note(text: &str) -> String {
     let total = |metric: &str, label: &str| -> f64 {
         sum_by_label(text, metric, label)
             .iter()
-            .map(|(_, v)| v)
-            .sum()
+            .fold(0.0, |a, (_, v)| a + v)
     };
     let received = sum_by_label(text, "kvroute_sync_received_total", "outcome");
     format!(

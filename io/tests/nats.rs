@@ -92,8 +92,9 @@ fn tokenizer() -> Arc<Tokenizer> {
 
 /// `n` simulated engines; `speedup_ratio` 1 decodes in real time (a 100-token answer takes
 /// about a second), high values answer at once.
-fn engines(n: usize, speedup_ratio: f64) -> Vec<engine::server::EngineHandle> {
-    (0..n)
+/// Returns the handles (engines stop when dropped) and their URLs.
+fn engines(n: usize, speedup_ratio: f64) -> (Vec<engine::server::EngineHandle>, Vec<String>) {
+    let handles: Vec<_> = (0..n)
         .map(|i| {
             let cfg = EngineConfig {
                 listen: "127.0.0.1:0".parse().unwrap(),
@@ -104,7 +105,12 @@ fn engines(n: usize, speedup_ratio: f64) -> Vec<engine::server::EngineHandle> {
             };
             engine::server::spawn(cfg, tokenizer()).expect("engine starts")
         })
-        .collect()
+        .collect();
+    let urls = handles
+        .iter()
+        .map(|e| format!("http://{}", e.addr))
+        .collect();
+    (handles, urls)
 }
 
 fn replica(urls: &[String], nats: &Nats) -> Server {
@@ -214,11 +220,7 @@ fn applied(s: &Server, kind: &str) -> f64 {
 #[test]
 fn three_replicas_keep_each_conversation_on_one_worker() {
     let Some(nats) = Nats::start() else { return };
-    let engines = engines(4, 1000.0);
-    let urls: Vec<String> = engines
-        .iter()
-        .map(|e| format!("http://{}", e.addr))
-        .collect();
+    let (_engines, urls) = engines(4, 1000.0);
     let (a, b, c) = (
         replica(&urls, &nats),
         replica(&urls, &nats),
@@ -259,11 +261,7 @@ fn three_replicas_keep_each_conversation_on_one_worker() {
 #[test]
 fn a_peer_request_in_flight_is_booked_once_and_released() {
     let Some(nats) = Nats::start() else { return };
-    let engines = engines(2, 1.0);
-    let urls: Vec<String> = engines
-        .iter()
-        .map(|e| format!("http://{}", e.addr))
-        .collect();
+    let (_engines, urls) = engines(2, 1.0);
     let (a, b) = (replica(&urls, &nats), replica(&urls, &nats));
     wait_connected(&[&a, &b]);
     let mut body = chat(0, 0, 150);
@@ -300,11 +298,7 @@ fn nats_down_and_back_routing_continues_and_state_converges() {
     let Some(mut nats) = Nats::start() else {
         return;
     };
-    let engines = engines(4, 1000.0);
-    let urls: Vec<String> = engines
-        .iter()
-        .map(|e| format!("http://{}", e.addr))
-        .collect();
+    let (_engines, urls) = engines(4, 1000.0);
     let (a, b) = (replica(&urls, &nats), replica(&urls, &nats));
     wait_connected(&[&a, &b]);
     send(&a, &chat(100, 0, 8));
@@ -343,11 +337,7 @@ fn nats_down_and_back_routing_continues_and_state_converges() {
 #[test]
 fn a_late_replica_learns_recent_placements() {
     let Some(nats) = Nats::start() else { return };
-    let engines = engines(4, 1000.0);
-    let urls: Vec<String> = engines
-        .iter()
-        .map(|e| format!("http://{}", e.addr))
-        .collect();
+    let (_engines, urls) = engines(4, 1000.0);
     let a = replica(&urls, &nats);
     let holders: Vec<String> = (0..6)
         .map(|conv| send(&a, &chat(500 + conv, 0, 8)))
