@@ -146,6 +146,9 @@ impl Default for FleetArgs {
     }
 }
 
+/// The writer keeps up when it applies at least this share of the offered events.
+pub const KEEPS_UP: f64 = 0.95;
+
 /// The keys `--out` writes, in order (issue 16).
 pub const OUT_KEYS: [&str; 7] = [
     "workers",
@@ -449,6 +452,7 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         "mean_prompt_tokens": d.prompt_tokens as f64 / d.whole.len().max(1) as f64,
         "offered_block_events_per_s": offered,
         "achieved_block_events_per_s": achieved,
+        "keeps_up": achieved >= KEEPS_UP * offered,
         "ingest_busy_share": busy / wall.max(1e-9),
         "block_events_per_s_per_worker": per_worker,
         "rate_source": rate_source,
@@ -464,7 +468,7 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         "elapsed_s": t0.elapsed().as_secs_f64(),
     });
     eprintln!(
-        "fleet {workers:>5} workers × {size:>6} tokens: decision p50 {:>8} ns p99 {:>8} ns max {:>9} ns ({} decisions; index lookup p50 {} p99 {} ns) | {:.1} B per (worker, block), {entries} entries | ingest offered {:.2} M/s, achieved {:.2} M/s, per core {:.2} M/s",
+        "fleet {workers:>5} workers × {size:>6} tokens: decision p50 {:>8} ns p99 {:>8} ns max {:>9} ns ({} decisions; index lookup p50 {} p99 {} ns) | {:.1} B per (worker, block), {entries} entries | ingest offered {:.2} M/s, achieved {:.2} M/s{}, per core {:.2} M/s",
         report["decision_p50_ns"],
         report["decision_p99_ns"],
         report["decision_max_ns"],
@@ -474,6 +478,11 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         bytes_per_pair,
         offered / 1e6,
         achieved / 1e6,
+        if achieved >= KEEPS_UP * offered {
+            ""
+        } else {
+            " (the writer does not keep up)"
+        },
         per_core / 1e6,
     );
     Ok(report)
