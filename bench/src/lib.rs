@@ -9,8 +9,8 @@
 //! - [`sim`]: a discrete-event simulator: the router's policy and simulated engines on a
 //!   virtual clock, deterministic in its seed.
 //! - [`plot`]: the simulator's figures (TTFT CDF, load over time, hit rate), PNG and SVG.
-//! - [`index_bench`], [`tokenize_bench`], [`decision_bench`]: the short benchmark runs behind
-//!   `kvroute bench`.
+//! - [`index_bench`], [`tokenize_bench`], [`decision_bench`], [`fleet_bench`]: the benchmark
+//!   runs behind `kvroute bench`.
 
 /// The error of the test bed's entry points (benchmarks, `engine::server::serve`): any error,
 /// with its message; the `kvroute` binary reports it as is.
@@ -20,6 +20,7 @@ pub(crate) mod client;
 pub mod decision_bench;
 pub mod engine;
 pub(crate) mod fasthash;
+pub mod fleet_bench;
 pub mod index_bench;
 pub mod load;
 pub mod plot;

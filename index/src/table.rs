@@ -12,8 +12,15 @@
 //!
 //! The row width is chosen at construction (`words` = ⌈max workers / 64⌉), so one probe
 //! answers for every worker: the positional index probes one key per block position, not one
-//! per 64-worker shard. Slots are laid out flat, `[key, word 0, …, word words−1]`, so a probe
-//! touches one or two cache lines.
+//! per 64-worker shard. Narrow rows (under [`SPARSE_FROM_WORDS`] words, ≤ 256 workers) are laid
+//! out flat, `[key, word 0, …, word words−1]`, so a probe touches one or two cache lines.
+//! Wider rows are **sparse**: `[key, cell]`, the cell holding up to 3 worker bits inline or
+//! pointing to a heap row of only the non-zero words (module `sparse`). At 4,096 workers a
+//! flat row is 520 bytes per key while most keys have one holder (a conversation's blocks
+//! live on one worker): `kvroute bench fleet` at 4,096 workers × 32k tokens holds 16.8 M
+//! (worker, block) pairs on 8.9 M keys, 6.2 GB of flat rows at load 0.75 against 0.71 GB for
+//! the whole index with sparse rows (42.2 bytes per pair). A probe of a key with more than 3
+//! holders reads one more cache line (the heap row).
 //!
 //! # Slot states and tombstone reuse
 //! A slot's key is [`EMPTY`] (0: never used since the last rebuild; ends a probe), a live key,
@@ -79,23 +86,73 @@ fn is_live_key(k: u64) -> bool {
     k != EMPTY && k != PENDING && k != FREE
 }
 
-/// Slot array: `len` slots of `1 + words` atomics each.
+/// Slot array: `len` slots of `1 + words` atomics each (dense rows), or of 2 (sparse rows:
+/// the key and one [`sparse`] cell).
 struct Table {
     cells: Box<[AtomicU64]>,
-    /// Atomics per slot (`1 + words`).
+    /// Atomics per slot (`1 + words`, or 2 when `sparse`).
     stride: usize,
     /// Slot count (any size ≥ 16: homes come from a multiply-shift, not a mask).
     len: usize,
+    /// Words per row (⌈workers / 64⌉).
+    words: usize,
+    /// Rows are [`sparse`] cells.
+    sparse: bool,
 }
 
 impl Table {
-    fn with_slots(len: usize, words: usize) -> Self {
-        let stride = 1 + words;
+    fn with_slots(len: usize, words: usize, sparse: bool) -> Self {
+        let stride = if sparse { 2 } else { 1 + words };
         // A zeroed allocation (calloc: fresh pages need no memset), viewed as atomics.
         let zeros: Box<[u64]> = vec![0u64; len * stride].into_boxed_slice();
         // Safety: `AtomicU64` has the same size, alignment and bit validity as `u64`.
         let cells = unsafe { Box::from_raw(Box::into_raw(zeros) as *mut [AtomicU64]) };
-        Self { cells, stride, len }
+        Self {
+            cells,
+            stride,
+            len,
+            words,
+            sparse,
+        }
+    }
+
+    /// The sparse cell of slot `i` (sparse tables only).
+    #[inline]
+    fn cell(&self, i: usize) -> &AtomicU64 {
+        &self.cells[i * self.stride + 1]
+    }
+
+    /// Copies row `i` into `out` (`words` long); whether any bit is set. Lock-free.
+    #[inline]
+    fn read_row(&self, i: usize, out: &mut [u64]) -> bool {
+        if self.sparse {
+            // Safety: a cell loaded under a pin points to a live heap row (freed only
+            // through the epoch collector after it was replaced).
+            return unsafe { sparse::read(self.cell(i).load(Ordering::Acquire), self.words, out) };
+        }
+        let mut any = 0;
+        for (o, w) in out.iter_mut().zip(self.words(i)) {
+            *o = w.load(Ordering::Acquire);
+            any |= *o;
+        }
+        any != 0
+    }
+
+    /// Row `i` as `words` words (writer side, tests, checks).
+    fn row(&self, i: usize) -> Vec<u64> {
+        let mut v = vec![0; self.words];
+        self.read_row(i, &mut v);
+        v
+    }
+
+    /// Row `i` has no bit set.
+    #[cfg(any(test, feature = "test-util"))]
+    fn row_is_zero(&self, i: usize) -> bool {
+        if self.sparse {
+            self.cell(i).load(Ordering::Relaxed) == 0
+        } else {
+            self.words(i).iter().all(|w| w.load(Ordering::Relaxed) == 0)
+        }
     }
 
     #[inline]
@@ -167,6 +224,8 @@ pub(crate) fn prefetch_ptr(p: *const u8) {
 pub(crate) struct SharedTable {
     table: Atomic<Table>,
     words: usize,
+    /// Bytes of live sparse heap rows (requested sizes; 0 for dense rows).
+    heap: std::sync::atomic::AtomicUsize,
 }
 
 /// The table as of one pin: cheap lookups without reloading the pointer.
@@ -181,14 +240,7 @@ impl TableRef<'_> {
     #[inline]
     pub(crate) fn get_into(&self, k: u64, out: &mut [u64]) -> bool {
         match self.t.find(stored_key(k)) {
-            Some(i) => {
-                let mut any = 0;
-                for (o, w) in out.iter_mut().zip(self.t.words(i)) {
-                    *o = w.load(Ordering::Acquire);
-                    any |= *o;
-                }
-                any != 0
-            }
+            Some(i) => self.t.read_row(i, out),
             None => {
                 out.fill(0);
                 false
@@ -227,26 +279,267 @@ impl SharedTable {
         self.view(guard).get_into(k, out)
     }
 
-    /// Slots allocated (memory = slots × 8 × (1 + words) bytes).
+    /// Slots allocated (memory = slots × 8 × stride bytes).
+    #[cfg(test)]
     pub(crate) fn capacity(&self) -> usize {
         let g = epoch::pin();
         self.view(&g).t.slots()
     }
 
-    /// Bytes allocated for slots: capacity × 8 × (1 + words).
+    /// Bytes allocated for slots (capacity × 8 × (1 + words), or × 16 with sparse rows) and
+    /// for sparse heap rows (requested sizes: mimalloc rounds them up to its 8-byte size
+    /// classes below 64 bytes, so the count is exact there).
     pub(crate) fn memory_bytes(&self) -> usize {
-        self.capacity() * 8 * (1 + self.words)
+        let g = epoch::pin();
+        let t = self.view(&g).t;
+        t.slots() * 8 * t.stride + self.heap.load(Ordering::Relaxed)
     }
 }
 
 impl Drop for SharedTable {
     fn drop(&mut self) {
-        // Safety: `&mut self` means no reader or writer can reach the table any more.
+        // Safety: `&mut self` means no reader or writer can reach the table any more; older
+        // tables (already destroyed or deferred) never owned the heap rows, this one does.
         unsafe {
             let g = epoch::unprotected();
             let t = self.table.load(Ordering::Relaxed, g);
             if !t.is_null() {
-                drop(t.into_owned());
+                let table = t.into_owned();
+                if table.sparse {
+                    for i in 0..table.slots() {
+                        sparse::free_now(table.cell(i).load(Ordering::Relaxed), table.words);
+                    }
+                }
+                drop(table);
+            }
+        }
+    }
+}
+
+/// Rows of this many words (⌈workers / 64⌉) or more are sparse: at 4,096 workers a dense row
+/// is 520 bytes per key, most keys are held by one worker (a conversation's own blocks), and
+/// the fixture of `kvroute bench fleet` did not fit the 2-core dev box's memory dense.
+pub(crate) const SPARSE_FROM_WORDS: usize = 5;
+
+/// Whether a table of `words`-word rows uses sparse rows.
+fn sparse_for(words: usize) -> bool {
+    #[cfg(test)]
+    if let Some(f) = FORCE_SPARSE.with(|f| f.get()) {
+        return f;
+    }
+    words >= SPARSE_FROM_WORDS
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests force a layout (the positional brute-force tests run both).
+    pub(crate) static FORCE_SPARSE: std::cell::Cell<Option<bool>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Sparse rows: one 64-bit cell per slot instead of `words` words.
+///
+/// | cell | meaning |
+/// |---|---|
+/// | 0 | no bit set |
+/// | bit 0 = 1 | inline: up to 3 bits, each as `bit + 1` in a 21-bit field (bits 1–21, 22–42, 43–63; 0 = none), ascending |
+/// | bit 0 = 0, ≠ 0 | pointer to a heap row: `⌈words / 64⌉` mask words (bit `j` of mask `i` = word `64i + j` is present), then the present words in order |
+///
+/// A heap row's masks never change; its words change in place (release stores) while
+/// their bit set stays non-empty; any other change builds a new cell, publishes it and frees
+/// the old heap row through the epoch collector. Heap rows belong to the current table: a
+/// rebuild moves the cells, so only [`SharedTable`]'s drop frees the rows still linked.
+mod sparse {
+    use crossbeam_epoch::Guard;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Bits per inline field; ids are stored + 1, so bits up to `ID_MASK − 2`.
+    pub(super) const ID_BITS: u32 = 21;
+    pub(super) const ID_MASK: u64 = (1 << ID_BITS) - 1;
+
+    /// Inline cell of `bits` (≤ 3, ascending, distinct).
+    #[inline]
+    pub(super) fn inline_of(bits: &[usize]) -> u64 {
+        debug_assert!(bits.len() <= 3);
+        let mut c = 1u64;
+        for (f, &b) in bits.iter().enumerate() {
+            c |= (b as u64 + 1) << (1 + ID_BITS * f as u32);
+        }
+        c
+    }
+
+    /// The bits of inline cell `c` (ascending) and how many there are.
+    #[inline]
+    pub(super) fn inline_bits(c: u64) -> ([usize; 3], usize) {
+        let mut bits = [0usize; 3];
+        let mut n = 0;
+        for f in 0..3 {
+            let id = (c >> (1 + ID_BITS * f)) & ID_MASK;
+            if id != 0 {
+                bits[n] = (id - 1) as usize;
+                n += 1;
+            }
+        }
+        (bits, n)
+    }
+
+    /// Heap row pointer of `c`, if it is one.
+    #[inline]
+    fn heap(c: u64) -> Option<*const AtomicU64> {
+        (c != 0 && c & 1 == 0).then_some(c as usize as *const AtomicU64)
+    }
+
+    /// Mask words of a row of `words` words.
+    #[inline]
+    fn mask_words(words: usize) -> usize {
+        words.div_ceil(64)
+    }
+
+    /// Atomics of the heap row at `p`.
+    ///
+    /// # Safety
+    /// `p` is a live heap row of a `words`-word table.
+    unsafe fn heap_len(p: *const AtomicU64, words: usize) -> usize {
+        let mw = mask_words(words);
+        // Safety: the row starts with `mw` masks (caller).
+        mw + (0..mw)
+            .map(|i| unsafe { &*p.add(i) }.load(Ordering::Relaxed).count_ones() as usize)
+            .sum::<usize>()
+    }
+
+    /// Expands cell `c` into `out` (`words` long); whether any bit is set.
+    ///
+    /// # Safety
+    /// A heap row of `c` is live for the call (the reader is pinned, or it is the writer).
+    #[inline]
+    pub(super) unsafe fn read(c: u64, words: usize, out: &mut [u64]) -> bool {
+        out.fill(0);
+        if c == 0 {
+            return false;
+        }
+        let Some(p) = heap(c) else {
+            for f in 0..3 {
+                let id = (c >> (1 + ID_BITS * f)) & ID_MASK;
+                if id != 0 {
+                    let b = (id - 1) as usize;
+                    out[b / 64] |= 1 << (b % 64);
+                }
+            }
+            return true;
+        };
+        let mw = mask_words(words);
+        let mut r = mw;
+        let mut any = 0;
+        for i in 0..mw {
+            // Safety: a live heap row (caller) of `mw` masks and their words.
+            let mut m = unsafe { &*p.add(i) }.load(Ordering::Relaxed);
+            while m != 0 {
+                let wi = i * 64 + m.trailing_zeros() as usize;
+                let v = unsafe { &*p.add(r) }.load(Ordering::Acquire);
+                out[wi] = v;
+                any |= v;
+                r += 1;
+                m &= m - 1;
+            }
+        }
+        any != 0
+    }
+
+    /// The word `wi` of the heap row of `c`, in place, if `c` is a heap row holding it.
+    ///
+    /// # Safety
+    /// As [`read`].
+    #[inline]
+    pub(super) unsafe fn word_in_place<'a>(
+        c: u64,
+        words: usize,
+        wi: usize,
+    ) -> Option<&'a AtomicU64> {
+        let p = heap(c)?;
+        let mw = mask_words(words);
+        // Safety: a live heap row (caller).
+        let m = unsafe { &*p.add(wi / 64) }.load(Ordering::Relaxed);
+        if m & (1 << (wi % 64)) == 0 {
+            return None;
+        }
+        let mut r = mw;
+        for i in 0..wi / 64 {
+            r += unsafe { &*p.add(i) }.load(Ordering::Relaxed).count_ones() as usize;
+        }
+        r += (m & ((1u64 << (wi % 64)) - 1)).count_ones() as usize;
+        Some(unsafe { &*p.add(r) })
+    }
+
+    /// The cell of row `row` (`words` words): 0, inline, or a new heap row; and the heap
+    /// bytes it allocated.
+    pub(super) fn encode(row: &[u64]) -> (u64, usize) {
+        let total: u32 = row.iter().map(|w| w.count_ones()).sum();
+        if total == 0 {
+            return (0, 0);
+        }
+        if total <= 3 {
+            let mut bits = [0usize; 3];
+            let mut n = 0;
+            for (wi, &w) in row.iter().enumerate() {
+                let mut w = w;
+                while w != 0 {
+                    bits[n] = wi * 64 + w.trailing_zeros() as usize;
+                    n += 1;
+                    w &= w - 1;
+                }
+            }
+            return (inline_of(&bits[..n]), 0);
+        }
+        let mw = mask_words(row.len());
+        let mut cells: Vec<u64> = vec![0; mw];
+        for (wi, &w) in row.iter().enumerate() {
+            if w != 0 {
+                cells[wi / 64] |= 1 << (wi % 64);
+                cells.push(w);
+            }
+        }
+        let bytes = cells.len() * 8;
+        let b: Box<[AtomicU64]> = cells.into_iter().map(AtomicU64::new).collect();
+        let p = Box::into_raw(b) as *mut AtomicU64;
+        (p as usize as u64, bytes)
+    }
+
+    /// Frees the heap row of `c` (if any) once every thread pinned now has unpinned; returns
+    /// its bytes.
+    ///
+    /// # Safety
+    /// `c` is no longer reachable from the table, and its row is freed by no one else.
+    pub(super) unsafe fn retire(c: u64, words: usize, guard: &Guard) -> usize {
+        let Some(p) = heap(c) else {
+            return 0;
+        };
+        // Safety: live until the deferred free (caller).
+        let len = unsafe { heap_len(p, words) };
+        let addr = p as usize;
+        // Safety: the row is unreachable for readers that pin from now on; the ones pinned
+        // now keep it alive until they unpin.
+        unsafe {
+            guard.defer_unchecked(move || {
+                let p = addr as *mut AtomicU64;
+                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, len)));
+            });
+        }
+        len * 8
+    }
+
+    /// Frees the heap row of `c` (if any) at once.
+    ///
+    /// # Safety
+    /// No thread can reach `c`'s row any more, and no one else frees it.
+    pub(super) unsafe fn free_now(c: u64, words: usize) {
+        if let Some(p) = heap(c) {
+            // Safety: caller.
+            unsafe {
+                let len = heap_len(p, words);
+                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                    p as *mut AtomicU64,
+                    len,
+                )));
             }
         }
     }
@@ -266,8 +559,10 @@ const MIN_SLOTS: usize = 16;
 /// - Wider rows: cap 0.8, target 0.6 — a key is shared by many workers (8k tok × 256 workers
 ///   fixture: 4.6 per key) so memory per (worker, block) is small anyway, and a 40-byte slot
 ///   makes every extra slot probed a cache line.
-fn loads(words: usize) -> ((usize, usize), (usize, usize)) {
-    if words == 1 {
+///
+/// Sparse rows (16-byte slots) take the one-word loads.
+fn loads(slot_words: usize) -> ((usize, usize), (usize, usize)) {
+    if slot_words == 1 {
         ((9, 10), (13, 20))
     } else {
         ((4, 5), (3, 5))
@@ -333,13 +628,23 @@ pub(crate) struct TableWriter {
 }
 
 impl TableWriter {
-    /// A new empty table of `words` words per row (≥ 1) and its writer.
+    /// A new empty table of `words` words per row (≥ 1) and its writer; rows are sparse from
+    /// [`SPARSE_FROM_WORDS`] words on.
     pub(crate) fn new(words: usize) -> Self {
         let words = words.max(1);
+        Self::with_layout(words, sparse_for(words))
+    }
+
+    /// [`Self::new`] with the row layout given.
+    fn with_layout(words: usize, sparse: bool) -> Self {
+        let words = words.max(1);
+        let sparse = sparse && words * 64 < sparse::ID_MASK as usize;
+        let slot_words = if sparse { 1 } else { words };
         Self {
             shared: Arc::new(SharedTable {
-                table: Atomic::new(Table::with_slots(MIN_SLOTS, words)),
+                table: Atomic::new(Table::with_slots(MIN_SLOTS, words, sparse)),
                 words,
+                heap: std::sync::atomic::AtomicUsize::new(0),
             }),
             used: 0,
             live: 0,
@@ -351,8 +656,8 @@ impl TableWriter {
             safe: Arc::new(AtomicU64::new(0)),
             rebuilds: 0,
             reused: 0,
-            cap: loads(words).0,
-            target: loads(words).1,
+            cap: loads(slot_words).0,
+            target: loads(slot_words).1,
         }
     }
 
@@ -431,6 +736,9 @@ impl TableWriter {
             // Relaxed: only this writer stores keys.
             let s = t.key(i).load(Ordering::Relaxed);
             if s == k {
+                if t.sparse {
+                    return (i as u32, self.sparse_set(t, i, wi, m, guard));
+                }
                 let w = &t.words(i)[wi];
                 let old = w.load(Ordering::Relaxed);
                 if old & m == 0 {
@@ -508,18 +816,132 @@ impl TableWriter {
         };
         // A fresh or FREE slot's words are all 0 and no reader can be reading them for
         // another key (see the module doc).
-        t.words(i)[wi].store(m, Ordering::Relaxed);
+        if t.sparse {
+            t.cell(i).store(
+                sparse::inline_of(&[wi * 64 + m.trailing_zeros() as usize]),
+                Ordering::Relaxed,
+            );
+        } else {
+            t.words(i)[wi].store(m, Ordering::Relaxed);
+        }
         // Release: a reader that sees the key sees its words.
         t.key(i).store(k, Ordering::Release);
         self.live += 1;
         i as u32
     }
 
+    /// Sets bit `m` of word `wi` in sparse row `i` of `t` (the current table); whether it
+    /// was set.
+    fn sparse_set(&mut self, t: &Table, i: usize, wi: usize, m: u64, guard: &Guard) -> bool {
+        let cell = t.cell(i);
+        let c = cell.load(Ordering::Relaxed);
+        let bit = wi * 64 + m.trailing_zeros() as usize;
+        if c & 1 == 1 {
+            // Inline: a new cell, no heap row, while it stays at ≤ 3 bits.
+            let (mut bits, n) = sparse::inline_bits(c);
+            if bits[..n].contains(&bit) {
+                return true;
+            }
+            if n < 3 {
+                bits[n] = bit;
+                bits[..=n].sort_unstable();
+                cell.store(sparse::inline_of(&bits[..=n]), Ordering::Release);
+                return false;
+            }
+        }
+        // Safety: the writer reads the current table's rows.
+        if let Some(w) = unsafe { sparse::word_in_place(c, t.words, wi) } {
+            let old = w.load(Ordering::Relaxed);
+            if old & m == 0 {
+                w.store(old | m, Ordering::Release);
+            }
+            return old & m != 0;
+        }
+        let mut row = t.row(i);
+        if row[wi] & m != 0 {
+            return true;
+        }
+        row[wi] |= m;
+        self.sparse_replace(t, i, &row, guard);
+        false
+    }
+
+    /// Clears bit `m` of word `wi` in sparse row `i` of `t`; whether the row is now empty
+    /// (it was not before).
+    fn sparse_clear(&mut self, t: &Table, i: usize, wi: usize, m: u64, guard: &Guard) -> bool {
+        let cell = t.cell(i);
+        let c = cell.load(Ordering::Relaxed);
+        if c & 1 == 1 {
+            let bit = wi * 64 + m.trailing_zeros() as usize;
+            let (bits, n) = sparse::inline_bits(c);
+            let Some(at) = bits[..n].iter().position(|&b| b == bit) else {
+                return false;
+            };
+            let mut rest = [0usize; 2];
+            let mut k = 0;
+            for (j, &b) in bits[..n].iter().enumerate() {
+                if j != at {
+                    rest[k] = b;
+                    k += 1;
+                }
+            }
+            let new = if k == 0 {
+                0
+            } else {
+                sparse::inline_of(&rest[..k])
+            };
+            cell.store(new, Ordering::Release);
+            return new == 0;
+        }
+        // Safety: as in `sparse_set`.
+        if let Some(w) = unsafe { sparse::word_in_place(c, t.words, wi) } {
+            let old = w.load(Ordering::Relaxed);
+            if old & m == 0 {
+                return false;
+            }
+            if old & !m != 0 {
+                w.store(old & !m, Ordering::Release);
+                return false;
+            }
+        }
+        let mut row = t.row(i);
+        if row[wi] & m == 0 {
+            return false;
+        }
+        row[wi] &= !m;
+        self.sparse_replace(t, i, &row, guard);
+        cell.load(Ordering::Relaxed) == 0
+    }
+
+    /// Publishes `row` as the new cell of sparse slot `i` and retires the old one.
+    fn sparse_replace(&mut self, t: &Table, i: usize, row: &[u64], guard: &Guard) {
+        let (c, bytes) = sparse::encode(row);
+        let old = t.cell(i).swap(c, Ordering::AcqRel);
+        // Safety: `old` was just unlinked; only this writer frees rows.
+        let freed = unsafe { sparse::retire(old, t.words, guard) };
+        let heap = &self.shared.heap;
+        heap.fetch_add(bytes, Ordering::Relaxed);
+        heap.fetch_sub(freed, Ordering::Relaxed);
+    }
+
     /// True when the row at `slot` (a live slot) has bit `bit` and no other.
     #[inline]
     pub(crate) fn only_bit(&self, slot: u32, bit: usize, guard: &Guard) -> bool {
         let (wi, m) = (bit / 64, 1u64 << (bit % 64));
-        let row = self.table(guard).words(slot as usize);
+        let t = self.table(guard);
+        if t.sparse {
+            let c = t.cell(slot as usize).load(Ordering::Relaxed);
+            if c & 1 == 1 {
+                return c == sparse::inline_of(&[bit]);
+            }
+            // A heap row may hold one bit after in-place clears.
+            let row = t.row(slot as usize);
+            return row
+                .iter()
+                .enumerate()
+                .all(|(j, &w)| w == if j == wi { m } else { 0 });
+        }
+        let row = t.words(slot as usize);
         row.iter()
             .enumerate()
             .all(|(j, w)| w.load(Ordering::Relaxed) == if j == wi { m } else { 0 })
@@ -532,6 +954,14 @@ impl TableWriter {
         let (wi, m) = (bit / 64, 1u64 << (bit % 64));
         let t = self.table(guard);
         let i = slot as usize;
+        if t.sparse {
+            if self.sparse_clear(t, i, wi, m, guard) {
+                t.key(i).store(PENDING, Ordering::Release);
+                self.live -= 1;
+                self.retired.push(slot);
+            }
+            return;
+        }
         let row = t.words(i);
         let old = row[wi].load(Ordering::Relaxed);
         if old & m == 0 {
@@ -564,8 +994,7 @@ impl TableWriter {
     #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn has_bit(&self, slot: u32, bit: usize, guard: &Guard) -> bool {
         let t = self.table(guard);
-        (slot as usize) < t.slots()
-            && t.words(slot as usize)[bit / 64].load(Ordering::Relaxed) & (1 << (bit % 64)) != 0
+        (slot as usize) < t.slots() && t.row(slot as usize)[bit / 64] & (1 << (bit % 64)) != 0
     }
 
     /// Ends a writer batch (one event): tombstones whose readers have all unpinned become
@@ -637,7 +1066,7 @@ impl TableWriter {
         // pages: page faults were most of a rebuild's time.
         let q = (want.next_power_of_two() >> 6).max(1);
         want = want.div_ceil(q) * q;
-        let new = Table::with_slots(want, self.shared.words);
+        let new = Table::with_slots(want, self.shared.words, old.sparse);
         // Occupancy bitmap of the new table: the first empty slot at or after a home is one
         // word scan away, instead of probing long runs slot by slot (clusters at the load
         // cap are long, and keys come in old-slot order, not home order).
@@ -650,8 +1079,14 @@ impl TableWriter {
             }
             let i = next_clear(&occ, new.home(k), want);
             occ[i / 64] |= 1 << (i % 64);
-            for (d, w) in new.words(i).iter().zip(old.words(s)) {
-                d.store(w.load(Ordering::Relaxed), Ordering::Relaxed);
+            if old.sparse {
+                // The heap row moves to the new table (the old one never frees rows).
+                new.cell(i)
+                    .store(old.cell(s).load(Ordering::Relaxed), Ordering::Relaxed);
+            } else {
+                for (d, w) in new.words(i).iter().zip(old.words(s)) {
+                    d.store(w.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
             }
             new.key(i).store(k, Ordering::Relaxed);
             *m = i as u32;
@@ -691,11 +1126,7 @@ impl TableWriter {
         (0..t.slots())
             .filter_map(|s| {
                 let k = t.key(s).load(Ordering::Relaxed);
-                let w: Vec<u64> = t
-                    .words(s)
-                    .iter()
-                    .map(|x| x.load(Ordering::Relaxed))
-                    .collect();
+                let w: Vec<u64> = t.row(s);
                 (is_live_key(k) && w.iter().any(|&x| x != 0)).then_some((s as u32, k, w))
             })
             .collect()
@@ -720,7 +1151,7 @@ impl TableWriter {
         }
         for s in 0..t.slots() {
             let k = t.key(s).load(Ordering::Relaxed);
-            let zero = t.words(s).iter().all(|w| w.load(Ordering::Relaxed) == 0);
+            let zero = t.row_is_zero(s);
             match k {
                 EMPTY => continue,
                 PENDING => {
@@ -772,6 +1203,96 @@ mod tests {
 
     /// Growth keeps every bit across rebuilds, the slot map follows every key, and memory is
     /// counted as capacity × row size.
+    /// Sparse rows (inline, heap, in-place words, shrinking back) read exactly as dense
+    /// rows under the same random sets and clears, across rebuilds; heap bytes return to 0.
+    #[test]
+    fn sparse_rows_equal_dense_rows() {
+        let _serial = EPOCH_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let words = 3;
+        let mut dense = TableWriter::with_layout(words, false);
+        let mut sparse = TableWriter::with_layout(words, true);
+        let (ds, ss) = (dense.shared(), sparse.shared());
+        let mut state = 11u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            state >> 33
+        };
+        let mut slots: std::collections::HashMap<u64, (u32, u32)> = Default::default();
+        for step in 0..20_000 {
+            let g = epoch::pin();
+            let k = next() % 300;
+            // Few bits per key mostly (inline), some keys with many (heap rows).
+            let bit = if k < 20 {
+                next() % 192
+            } else {
+                next() % 6 * 37
+            } as usize;
+            if next() % 3 != 0 {
+                if let Some(m) = dense.reserve(1, &g) {
+                    for (_, (d, _)) in slots.iter_mut() {
+                        *d = m[*d as usize];
+                    }
+                }
+                if let Some(m) = sparse.reserve(1, &g) {
+                    for (_, (_, s)) in slots.iter_mut() {
+                        *s = m[*s as usize];
+                    }
+                }
+                let (d, dh) = dense.set_bit_had(k, bit, &g);
+                let (s, sh) = sparse.set_bit_had(k, bit, &g);
+                assert_eq!(dh, sh, "step {step}");
+                slots.insert(k, (d, s));
+            } else if let Some(&(d, s)) = slots.get(&k) {
+                assert_eq!(dense.only_bit(d, bit, &g), sparse.only_bit(s, bit, &g));
+                dense.clear_bit(d, bit, &g);
+                sparse.clear_bit(s, bit, &g);
+                if !ds.get_into(k, &g, &mut [0; 3]) {
+                    slots.remove(&k);
+                }
+            }
+            dense.end_batch(&g);
+            sparse.end_batch(&g);
+            if step % 1_000 == 0 {
+                let (a, b) = (dense.shrink(&g), sparse.shrink(&g));
+                for (_, (d, s)) in slots.iter_mut() {
+                    if let Some(m) = &a {
+                        *d = m[*d as usize];
+                    }
+                    if let Some(m) = &b {
+                        *s = m[*s as usize];
+                    }
+                }
+            }
+            let (mut rd, mut rs) = ([0u64; 3], [0u64; 3]);
+            let k = next() % 300;
+            assert_eq!(ds.get_into(k, &g, &mut rd), ss.get_into(k, &g, &mut rs));
+            assert_eq!(rd, rs, "key {k} at step {step}");
+        }
+        assert_eq!(dense.check(), Ok(()));
+        assert_eq!(sparse.check(), Ok(()));
+        let mut a = dense.entries();
+        let mut b = sparse.entries();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+        assert!(
+            ss.heap.load(Ordering::Relaxed) > 0,
+            "no heap row was exercised"
+        );
+        let g = epoch::pin();
+        for (k, (_, s)) in slots {
+            for bit in 0..192 {
+                sparse.clear_bit(s, bit, &g);
+            }
+            let _ = k;
+        }
+        sparse.end_batch(&g);
+        assert_eq!(ss.heap.load(Ordering::Relaxed), 0);
+        assert_eq!(sparse.check(), Ok(()));
+    }
+
     #[test]
     fn growth_keeps_rows_and_maps_slots() {
         let mut t = TableWriter::new(4);

@@ -60,9 +60,18 @@ struct BenchArgs {
     /// Which benchmark.
     #[arg(value_enum)]
     what: BenchWhat,
-    /// Write the JSON report to this file.
+    /// Write the JSON report to this file (`fleet`: only the keys of issue 16).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// `fleet`: workers.
+    #[arg(long, default_value_t = kvroute_bench::fleet_bench::DEFAULT_WORKERS)]
+    workers: usize,
+    /// `fleet`: prompt tokens.
+    #[arg(long, default_value_t = kvroute_bench::fleet_bench::DEFAULT_TOKENS)]
+    tokens: usize,
+    /// `fleet`: seconds of events and decisions after the fill.
+    #[arg(long, default_value_t = kvroute_bench::fleet_bench::DEFAULT_SECONDS)]
+    seconds: f64,
 }
 
 #[cfg(feature = "bench")]
@@ -75,6 +84,9 @@ enum BenchWhat {
     Tokenize,
     /// One whole token-mode routing decision, stage by stage (issue 15).
     Decision,
+    /// Whole decisions on a fleet-sized event index while it ingests every worker's events
+    /// (issue 16).
+    Fleet,
 }
 
 /// Flags of `kvroute serve`. Each overrides the same key of `--config`; unset flags keep the
@@ -893,10 +905,22 @@ fn main() -> anyhow::Result<()> {
                 BenchWhat::Decision => {
                     kvroute_bench::decision_bench::run().map_err(|e| anyhow::anyhow!(e))?
                 }
+                BenchWhat::Fleet => {
+                    kvroute_bench::fleet_bench::run(&kvroute_bench::fleet_bench::FleetArgs {
+                        workers: args.workers,
+                        tokens: args.tokens,
+                        seconds: args.seconds,
+                    })
+                    .map_err(|e| anyhow::anyhow!(e))?
+                }
             };
             println!("{}", serde_json::to_string_pretty(&report)?);
             if let Some(out) = args.out {
-                std::fs::write(&out, serde_json::to_vec_pretty(&report)?)
+                let written = match args.what {
+                    BenchWhat::Fleet => kvroute_bench::fleet_bench::out_json(&report),
+                    _ => report,
+                };
+                std::fs::write(&out, serde_json::to_vec_pretty(&written)?)
                     .with_context(|| format!("writing {}", out.display()))?;
             }
             Ok(())

@@ -384,6 +384,11 @@ impl EventReader {
         self.index.entries() == 0
     }
 
+    /// (stream, router block) entries held (gauge).
+    pub fn entries(&self) -> usize {
+        self.index.entries()
+    }
+
     /// Router block keys of `tokens` in cache namespace `ns` (the request's
     /// [`crate::route_key::RouteKey::namespace`]): [`kvroute_index::keys::block_keys_in`] at
     /// this index's block size, what [`Self::find_matches`] takes.
@@ -502,6 +507,16 @@ impl EventIndex {
     /// A lock-free read handle (one per gateway shard or router).
     pub fn reader(&self) -> EventReader {
         self.reader.clone()
+    }
+
+    /// Memory of the positional index, bytes: every writer's share
+    /// ([`EventWriter::memory_bytes`]: the shared table, slabs, record indexes) plus the
+    /// dense-id maps of the read side (16 B per stream slot). The per-stream counters and the
+    /// few tier and copy entries are not counted.
+    pub fn memory_bytes(&self) -> usize {
+        self.writers.iter().map(|w| w.memory_bytes()).sum::<usize>()
+            + self.reader.owners.len() * std::mem::size_of::<AtomicU64>()
+            + self.reader.hidden.len() * std::mem::size_of::<AtomicBool>()
     }
 
     /// Hides `stream` from [`EventReader::find_matches`] (or shows it again); its blocks stay

@@ -102,15 +102,22 @@ impl PrefixIndex for EventReader {
     /// read here: `q.block_keys` must be the request's keys in its namespace.
     fn overlaps(&self, _ns: Namespace, q: &Query<'_>) -> Vec<(TenantId, usize)> {
         let bs = self.block_size();
-        let mut out: Vec<(TenantId, usize)> = Vec::new();
-        for m in self.find_matches(q.block_keys) {
-            let w = m.stream.worker as TenantId;
-            match out.iter_mut().find(|e| e.0 == w) {
-                Some(e) => e.1 = e.1.max(m.blocks * bs),
-                None => out.push((w, m.blocks * bs)),
-            }
-        }
+        // One entry per worker, its largest match over its DP ranks: sorted by (worker,
+        // blocks), the last of each worker's run wins (O(m log m); a linear search per match
+        // was O(m²), 4,096 matches at `kvroute bench fleet`'s fleet-wide system prompt).
+        let mut out: Vec<(TenantId, usize)> = self
+            .find_matches(q.block_keys)
+            .into_iter()
+            .map(|m| (m.stream.worker as TenantId, m.blocks * bs))
+            .collect();
         out.sort_unstable();
+        out.dedup_by(|later, earlier| {
+            let same = later.0 == earlier.0;
+            if same {
+                earlier.1 = later.1;
+            }
+            same
+        });
         out
     }
 }

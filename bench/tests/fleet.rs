@@ -1,0 +1,88 @@
+//! `kvroute bench fleet` in its short CI form (issue 16): 512 workers, small prompts, one
+//! second of events and decisions; the report's values are checked, not only its keys.
+
+use std::path::Path;
+
+use kvroute_bench::fleet_bench::{
+    FleetArgs, MOONCAKE_BLOCK_EVENTS_PER_S_PER_WORKER, OUT_KEYS, out_json, run,
+    trace_block_events_per_s_per_worker,
+};
+
+const MOONCAKE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/data/traces/mooncake/conversation_trace.jsonl"
+);
+
+#[test]
+fn short_fleet_reports_real_values() {
+    let report = run(&FleetArgs {
+        workers: 512,
+        tokens: 1024,
+        seconds: 1.0,
+    })
+    .expect("bench fleet runs");
+    let out = out_json(&report);
+    let obj = out.as_object().expect("an object");
+    assert_eq!(obj.len(), OUT_KEYS.len());
+    for k in OUT_KEYS {
+        assert!(obj[k].is_number(), "{k}: {}", obj[k]);
+    }
+    assert_eq!(out["workers"], 512);
+    assert_eq!(out["tokens"], 1024);
+    let n = |k: &str| out[k].as_f64().unwrap();
+    let (p50, p99, max) = (
+        n("decision_p50_ns"),
+        n("decision_p99_ns"),
+        n("decision_max_ns"),
+    );
+    assert!(p50 > 0.0 && p50 <= p99 && p99 <= max, "{p50} {p99} {max}");
+    assert!(report["decisions"].as_u64().unwrap() >= 9);
+    // Every decision matched the whole fleet on the shared system prompt and its group on
+    // the document: the event index answered, with all 512 workers.
+    assert!(
+        report["mean_matched_workers"].as_f64().unwrap() >= 512.0,
+        "{}",
+        report["mean_matched_workers"]
+    );
+    // Entries: each worker holds its document (~70 blocks at 1k tokens) and 4 tails of 16.
+    let entries = report["entries"].as_f64().unwrap();
+    assert!(entries >= 512.0 * 100.0, "{entries}");
+    // Bytes per (worker, block): a 16-byte slab record at least, and far below a dense
+    // 512-worker row (72 bytes a key) per pair.
+    let b = n("bytes_per_worker_block");
+    assert!((16.0..72.0).contains(&b), "{b}");
+    // Ingest: never above the offered rate; at it when the writer's capacity (events per
+    // second of applying) has room, else the writer was busy all along and says so
+    // (`keeps_up` false: a debug build of the index crates may not keep up).
+    let offered = report["offered_block_events_per_s"].as_f64().unwrap();
+    let achieved = report["achieved_block_events_per_s"].as_f64().unwrap();
+    let per_core = n("ingest_block_events_per_s");
+    assert!(
+        achieved <= 1.02 * offered,
+        "offered {offered}, achieved {achieved}"
+    );
+    assert!(per_core >= achieved, "{per_core} {achieved}");
+    if per_core >= 1.3 * offered {
+        assert!(
+            achieved >= 0.9 * offered,
+            "offered {offered}, achieved {achieved}, capacity {per_core}"
+        );
+        assert_eq!(report["keeps_up"], true);
+    } else if report["keeps_up"] == false {
+        assert!(report["ingest_busy_share"].as_f64().unwrap() > 0.8);
+    }
+}
+
+/// The fallback constant is the trace's own computation, rounded (skipped without the trace).
+#[test]
+fn fallback_rate_is_the_trace_computation() {
+    if !Path::new(MOONCAKE).exists() {
+        eprintln!("skipping: Mooncake trace not found at {MOONCAKE}");
+        return;
+    }
+    let r = trace_block_events_per_s_per_worker(MOONCAKE).expect("the trace reads");
+    assert!(
+        (r - MOONCAKE_BLOCK_EVENTS_PER_S_PER_WORKER).abs() < 0.05,
+        "{r} vs {MOONCAKE_BLOCK_EVENTS_PER_S_PER_WORKER}"
+    );
+}
