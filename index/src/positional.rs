@@ -26,7 +26,7 @@
 //! | slab `Vec<Rec>` | 16 / slab load (free list keeps it dense; grows by 1/16) | engine hash (2 × u32), table slot (u32), parent's slab index (24 bits) + child count (8 bits) |
 //! | stamps `Vec<u32>` | 4 / slab load, only with `ttl_ms` or `max_entries` | last touch, s |
 //! | index `Vec<u32>` | 4 / index load (0.65 … 0.8) | Robin Hood open addressing, any length, deletion by backward shift (no tombstones): slab index + 1 in the low ≥ 24 bits, then the distance from home and an engine-hash tag (a probe reads the slab only on a home and tag match) |
-//! | table share | 8·(1 + words) / table load (0.65 … 0.9 for 1 word), over the key's holders; from 5 words (> 256 workers) 16 / load plus a heap row of 8·(masks + non-zero words) bytes for keys of more than 3 holders | the shared table's slot of the block's key (tombstones reused, see `table`) |
+//! | table share | 8·(1 + words) / table load (0.65 … 0.9 for 1 word), over the key's holders; from 5 words (> 256 workers) 16 / load plus a heap row of 8·(masks + non-zero words) bytes for keys that outgrew 3 holders (an in-place clear may leave a heap row with ≤ 3 until one of its words empties) | the shared table's slot of the block's key (tombstones reused, see `table`) |
 //!
 //! A record refers to its key by **table slot**, not by the 8-byte key: live keys never move
 //! except in a table rebuild, whose old → new slot map each shard writer applies to its
@@ -1523,7 +1523,8 @@ impl EventWriter {
     }
 
     /// Memory of this shard, bytes: its equal share of the one table (slots allocated ×
-    /// 8 × (1 + words), plus the writer side's tombstone lists and pending slot maps,
+    /// 8 × (1 + words), or × 16 plus heap rows with sparse rows, plus the writer side's
+    /// tombstone lists and pending slot maps,
     /// divided by the number of writers, so the writers' sum is the whole table) and its
     /// records (per worker: slab capacity × 16 B, + 4 B with stamps, + index capacity × 4 B
     /// + overflow maps + the state itself, and 8 B per worker slot).

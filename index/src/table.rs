@@ -262,11 +262,25 @@ impl SharedTable {
         self.words
     }
 
-    /// The current table, valid while `guard` is pinned.
+    /// The current table, valid while `guard` is pinned and `self` is borrowed (dropping the
+    /// last `SharedTable` frees the table and its heap rows at once, so a view must not
+    /// outlive it).
     #[inline]
-    pub(crate) fn view<'g>(&self, guard: &'g Guard) -> TableRef<'g> {
+    pub(crate) fn view<'g>(&'g self, guard: &'g Guard) -> TableRef<'g> {
+        // Safety: `self` outlives the view (the borrow above), as `view_unbounded` needs.
+        unsafe { self.view_unbounded(guard) }
+    }
+
+    /// [`SharedTable::view`] without borrowing `self` for the view's lifetime.
+    ///
+    /// # Safety
+    /// The caller keeps this `SharedTable` alive as long as the returned view (the writer
+    /// holds an `Arc` of it for as long as it uses the view).
+    #[inline]
+    unsafe fn view_unbounded<'g>(&self, guard: &'g Guard) -> TableRef<'g> {
         // Safety: the pointer is never null after construction, and the table it points to
-        // is destroyed only through `defer_destroy` after every guard pinned now is dropped.
+        // is destroyed only through `defer_destroy` after every guard pinned now is dropped,
+        // or by `Drop`, which the caller's contract puts after the view's last use.
         TableRef {
             t: unsafe { self.table.load(Ordering::Acquire, guard).deref() },
         }
@@ -385,7 +399,7 @@ mod sparse {
 
     /// Heap row pointer of `c`, if it is one.
     #[inline]
-    fn heap(c: u64) -> Option<*const AtomicU64> {
+    pub(super) fn heap(c: u64) -> Option<*const AtomicU64> {
         (c != 0 && c & 1 == 0).then_some(c as usize as *const AtomicU64)
     }
 
@@ -399,7 +413,7 @@ mod sparse {
     ///
     /// # Safety
     /// `p` is a live heap row of a `words`-word table.
-    unsafe fn heap_len(p: *const AtomicU64, words: usize) -> usize {
+    pub(super) unsafe fn heap_len(p: *const AtomicU64, words: usize) -> usize {
         let mw = mask_words(words);
         // Safety: the row starts with `mw` masks (caller).
         mw + (0..mw)
@@ -601,8 +615,15 @@ fn next_clear(occ: &[u64], from: usize, len: usize) -> usize {
 /// 1. `used` = slots whose key is not [`EMPTY`] (live keys and tombstones); `live` = slots
 ///    with a live key, each with a non-zero word; `free` = [`FREE`] slots.
 /// 2. `used` ≤ `cap` of the slots ([`loads`]: linear probing always finds an empty slot).
-/// 3. Every [`PENDING`] slot is listed once in `retired` or `pending`, with all-zero words;
-///    every [`FREE`] slot has all-zero words.
+/// 3. Every [`PENDING`] slot is listed once in `retired` or `pending`, with all-zero words
+///    (cell 0 with sparse rows); every [`FREE`] slot has all-zero words (cell 0).
+/// 4. Sparse rows only: an inline cell's fields are ascending and packed from field 0
+///    ([`TableWriter::only_bit`] reads field 0 alone); a heap row is linked from exactly
+///    one slot of the current table (a second link would be a double free in `Drop`), its
+///    present words are non-zero, and it holds `masks + popcount(masks)` words (what
+///    `heap_len` and `read`'s bounds rely on).
+/// 5. Sparse rows only: `shared.heap` is the bytes of the heap rows linked now, once the
+///    batch's retired rows are counted out (they are, at retirement).
 pub(crate) struct TableWriter {
     shared: Arc<SharedTable>,
     used: usize,
@@ -667,7 +688,9 @@ impl TableWriter {
 
     #[inline]
     fn table<'g>(&self, guard: &'g Guard) -> &'g Table {
-        self.shared.view(guard).t
+        // Safety: the writer's `Arc` keeps the shared table alive; the view is used only
+        // inside the writer's own methods, while `self` (and its `Arc`) lives.
+        unsafe { self.shared.view_unbounded(guard).t }
     }
 
     /// Keys with a non-zero word.
@@ -1132,7 +1155,7 @@ impl TableWriter {
             .collect()
     }
 
-    /// Checks invariants 1–3.
+    /// Checks invariants 1–5.
     ///
     /// # Errors
     /// The number of the broken invariant.
@@ -1181,6 +1204,42 @@ impl TableWriter {
         if used * self.cap.1 > t.slots() * self.cap.0 {
             return Err(2);
         }
+        if t.sparse {
+            let (mut rows, mut bytes) = (std::collections::HashSet::new(), 0);
+            for i in 0..t.slots() {
+                let c = t.cell(i).load(Ordering::Relaxed);
+                match sparse::heap(c) {
+                    None if c & 1 == 1 => {
+                        let ids: Vec<u64> = (0..3)
+                            .map(|f| (c >> (1 + sparse::ID_BITS * f)) & sparse::ID_MASK)
+                            .collect();
+                        let n = ids.iter().take_while(|&&id| id != 0).count();
+                        let packed = ids[n..].iter().all(|&id| id == 0);
+                        if n == 0 || !packed || !ids[..n].windows(2).all(|w| w[0] < w[1]) {
+                            return Err(4);
+                        }
+                    }
+                    None => {}
+                    Some(p) => {
+                        if !rows.insert(p as usize) {
+                            return Err(4);
+                        }
+                        let mw = t.words.div_ceil(64);
+                        // Safety: a linked heap row is live while the writer is pinned (`g`),
+                        // and the writer is the only one that frees rows.
+                        let len = unsafe { sparse::heap_len(p, t.words) };
+                        let words = (mw..len).map(|i| unsafe { &*p.add(i) });
+                        if words.map(|w| w.load(Ordering::Relaxed)).any(|w| w == 0) {
+                            return Err(4);
+                        }
+                        bytes += len * 8;
+                    }
+                }
+            }
+            if bytes != self.shared.heap.load(Ordering::Relaxed) {
+                return Err(5);
+            }
+        }
         Ok(())
     }
 }
@@ -1201,8 +1260,6 @@ mod tests {
         t.set_bit(k, bit, &g)
     }
 
-    /// Growth keeps every bit across rebuilds, the slot map follows every key, and memory is
-    /// counted as capacity × row size.
     /// Sparse rows (inline, heap, in-place words, shrinking back) read exactly as dense
     /// rows under the same random sets and clears, across rebuilds; heap bytes return to 0.
     #[test]
@@ -1293,6 +1350,8 @@ mod tests {
         assert_eq!(sparse.check(), Ok(()));
     }
 
+    /// Growth keeps every bit across rebuilds, the slot map follows every key, and memory is
+    /// counted as capacity × row size.
     #[test]
     fn growth_keeps_rows_and_maps_slots() {
         let mut t = TableWriter::new(4);

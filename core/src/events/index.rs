@@ -511,7 +511,7 @@ impl EventIndex {
 
     /// Memory of the positional index, bytes: every writer's share
     /// ([`EventWriter::memory_bytes`]: the shared table, slabs, record indexes) plus the
-    /// dense-id maps of the read side (16 B per stream slot). The per-stream counters and the
+    /// dense-id maps of the read side (9 B per stream slot). The per-stream counters and the
     /// few tier and copy entries are not counted.
     pub fn memory_bytes(&self) -> usize {
         self.writers.iter().map(|w| w.memory_bytes()).sum::<usize>()
