@@ -449,6 +449,8 @@ mod sparse {
             let mut m = unsafe { &*p.add(i) }.load(Ordering::Relaxed);
             while m != 0 {
                 let wi = i * 64 + m.trailing_zeros() as usize;
+                // Safety: `r` counts the masks' set bits read so far after the `mw` masks, so
+                // `r < mw + popcount(masks)`, the row's length (invariant 4).
                 let v = unsafe { &*p.add(r) }.load(Ordering::Acquire);
                 out[wi] = v;
                 any |= v;
@@ -478,9 +480,12 @@ mod sparse {
         }
         let mut r = mw;
         for i in 0..wi / 64 {
+            // Safety: `i < wi / 64 < mw`: a mask word of the live row.
             r += unsafe { &*p.add(i) }.load(Ordering::Relaxed).count_ones() as usize;
         }
         r += (m & ((1u64 << (wi % 64)) - 1)).count_ones() as usize;
+        // Safety: word `wi` is present (its mask bit is set), and `r` is its rank among the
+        // present words after the masks: `r < mw + popcount(masks)` (invariant 4).
         Some(unsafe { &*p.add(r) })
     }
 
@@ -522,11 +527,14 @@ mod sparse {
     /// its bytes.
     ///
     /// # Safety
-    /// `c` is no longer reachable from the table, and its row is freed by no one else.
+    /// `c` is no longer reachable from the table, its row is freed by no one else, and
+    /// `guard` is a real pin (with `epoch::unprotected()` the free would run at once, under
+    /// readers).
     pub(super) unsafe fn retire(c: u64, words: usize, guard: &Guard) -> usize {
         let Some(p) = heap(c) else {
             return 0;
         };
+        debug_assert!(guard.collector().is_some(), "retire needs a pinned guard");
         // Safety: live until the deferred free (caller).
         let len = unsafe { heap_len(p, words) };
         let addr = p as usize;
