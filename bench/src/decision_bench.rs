@@ -93,6 +93,72 @@ fn ns_since(t: &mut Instant) -> u64 {
     ns.max(1)
 }
 
+/// One whole token-mode decision, timed stage by stage ([`STAGES`]).
+pub(crate) struct Timed {
+    /// The request's routing key (token ids attached).
+    pub key: kvroute_core::route_key::RouteKey,
+    /// Prompt tokens the shard's prefix cache reused.
+    pub reused_tokens: usize,
+    /// ns per stage, in [`STAGES`] order (each ≥ 1).
+    pub stages: [u64; 5],
+    /// ns of the whole decision (≥ 1).
+    pub whole: u64,
+}
+
+/// Routes chat `body` as the gateway does, at virtual time `seq` ms: parse and tokenize,
+/// facts, fleet snapshot, decide and book (a load guard, released right after its first
+/// token), record. Shared by `bench decision` and `bench fleet`.
+///
+/// # Errors
+/// The body does not parse, the chat template fails, or the policy picks no worker.
+pub(crate) fn timed_decision(
+    tokenizers: &mut kvroute_core::tokens::ShardTokenizers,
+    router: &Router,
+    workers: &Workers,
+    body: &[u8],
+    seq: u64,
+    rng: &mut impl rand::Rng,
+) -> Result<Timed, BoxError> {
+    let now = seq;
+    let start = Instant::now();
+    let mut t = start;
+    let (key, attached) = tokenizers.route(Endpoint::ChatCompletions, body, None, &|_| true)?;
+    if let Some(e) = attached.prompt_error {
+        return Err(format!("the chat template failed: {e}").into());
+    }
+    let tokenize = ns_since(&mut t);
+    let facts = router.request(&key);
+    let facts_ns = ns_since(&mut t);
+    let view = workers.snapshot(&key.model, &[], now);
+    let snapshot = ns_since(&mut t);
+    let snap = Snapshot {
+        workers: &view.workers,
+        eligible: &view.eligible,
+        seq,
+        now_ms: now,
+    };
+    let decision = router.decide_request(&snap, &facts, rng);
+    let booking = router.booking_request(&snap, &facts, &decision);
+    let worker = view
+        .worker(decision.worker)
+        .cloned()
+        .ok_or("no such worker")?;
+    let guard = worker.acquire_booked(booking, now as f64);
+    let decide = ns_since(&mut t);
+    router.record(&key, &decision, now);
+    let record = ns_since(&mut t);
+    let whole = (start.elapsed().as_nanos() as u64).max(1);
+    guard.first_token(now as f64);
+    drop(guard);
+    drop(facts);
+    Ok(Timed {
+        reused_tokens: attached.reused_tokens,
+        key,
+        stages: [tokenize, facts_ns, snapshot, decide, record],
+        whole,
+    })
+}
+
 /// One (policy, size) run: the JSON object of the report.
 fn run_one(
     tok: &Tokenizer,
@@ -122,45 +188,15 @@ fn run_one(
     for conv in 0..CONVERSATIONS as u64 {
         for turn in 1..=TURNS {
             let body = chat_body(words, &system, conv, turn, size);
-            let now = seq; // virtual ms: one request per ms
-            let start = Instant::now();
-            let mut t = start;
-            let (key, attached) =
-                tokenizers.route(Endpoint::ChatCompletions, &body, None, &|_| true)?;
-            if let Some(e) = attached.prompt_error {
-                return Err(format!("the chat template failed: {e}").into());
-            }
-            let tokenize = ns_since(&mut t);
-            let facts = router.request(&key);
-            let facts_ns = ns_since(&mut t);
-            let view = workers.snapshot(&key.model, &[], now);
-            let snapshot = ns_since(&mut t);
-            let snap = Snapshot {
-                workers: &view.workers,
-                eligible: &view.eligible,
-                seq,
-                now_ms: now,
-            };
-            let decision = router.decide_request(&snap, &facts, &mut rng);
-            let booking = router.booking_request(&snap, &facts, &decision);
-            let worker = view
-                .worker(decision.worker)
-                .cloned()
-                .ok_or("no such worker")?;
-            let guard = worker.acquire_booked(booking, now as f64);
-            let decide = ns_since(&mut t);
-            router.record(&key, &decision, now);
-            let record = ns_since(&mut t);
-            let whole = start.elapsed().as_nanos() as u64;
-            guard.first_token(now as f64);
-            drop(guard);
+            let d = timed_decision(&mut tokenizers, &router, &workers, &body, seq, &mut rng)?;
+            let whole = d.whole;
             seq += 1;
             if turn == 1 {
                 turn1.record(whole)?;
             }
             if turn == TURNS {
-                prompt_tokens += key.input_ids.as_ref().map_or(0, |v| v.len());
-                reused_tokens += attached.reused_tokens;
+                prompt_tokens += d.key.input_ids.as_ref().map_or(0, |v| v.len());
+                reused_tokens += d.reused_tokens;
                 turn10.record(whole)?;
                 let half = if (conv as usize) < CONVERSATIONS / 2 {
                     &mut early
@@ -168,10 +204,7 @@ fn run_one(
                     &mut late
                 };
                 half.record(whole)?;
-                for (h, ns) in stages
-                    .iter_mut()
-                    .zip([tokenize, facts_ns, snapshot, decide, record])
-                {
+                for (h, ns) in stages.iter_mut().zip(d.stages) {
                     h.record(ns)?;
                 }
             }

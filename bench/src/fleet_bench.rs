@@ -498,13 +498,6 @@ struct Decisions {
     prompt_tokens: usize,
 }
 
-fn ns_since(t: &mut Instant) -> u64 {
-    let now = Instant::now();
-    let ns = now.duration_since(*t).as_nanos() as u64;
-    *t = now;
-    ns.max(1)
-}
-
 #[allow(clippy::too_many_arguments)]
 fn decide_loop(
     router: &Router,
@@ -534,51 +527,27 @@ fn decide_loop(
         round += 1;
         for turn in 1..=TURNS {
             let body = chat_body(words, system, doc, round, turn, size);
-            let now = seq;
-            let begin = Instant::now();
-            let mut t = begin;
-            let (key, attached) =
-                tokenizers.route(Endpoint::ChatCompletions, &body, None, &|_| true)?;
-            if let Some(e) = attached.prompt_error {
-                return Err(format!("the chat template failed: {e}").into());
+            let timed = crate::decision_bench::timed_decision(
+                tokenizers, router, fleet, &body, seq, &mut rng,
+            )?;
+            seq += 1;
+            if turn == 1 {
+                d.turn1.record(timed.whole)?;
+                continue;
             }
-            let tokenize = ns_since(&mut t);
-            let facts = router.request(&key);
-            let facts_ns = ns_since(&mut t);
-            let view = fleet.snapshot(&key.model, &[], now);
-            let snapshot = ns_since(&mut t);
+            d.whole.record(timed.whole)?;
+            for (h, ns) in d.stages.iter_mut().zip(timed.stages) {
+                h.record(ns)?;
+            }
+            // The index lookup alone, untimed above: the same facts on a fresh snapshot.
+            let facts = router.request(&timed.key);
+            let view = fleet.snapshot(&timed.key.model, &[], seq - 1);
             let snap = Snapshot {
                 workers: &view.workers,
                 eligible: &view.eligible,
-                seq,
-                now_ms: now,
+                seq: seq - 1,
+                now_ms: seq - 1,
             };
-            let decision = router.decide_request(&snap, &facts, &mut rng);
-            let booking = router.booking_request(&snap, &facts, &decision);
-            let worker = view
-                .worker(decision.worker)
-                .cloned()
-                .ok_or("no such worker")?;
-            let guard = worker.acquire_booked(booking, now as f64);
-            let decide = ns_since(&mut t);
-            router.record(&key, &decision, now);
-            let record = ns_since(&mut t);
-            let whole = begin.elapsed().as_nanos() as u64;
-            guard.first_token(now as f64);
-            drop(guard);
-            seq += 1;
-            if turn == 1 {
-                d.turn1.record(whole.max(1))?;
-                continue;
-            }
-            d.whole.record(whole.max(1))?;
-            for (h, ns) in d
-                .stages
-                .iter_mut()
-                .zip([tokenize, facts_ns, snapshot, decide, record])
-            {
-                h.record(ns)?;
-            }
             let t = Instant::now();
             let ov = router.overlaps(&snap, &facts);
             d.lookup.record((t.elapsed().as_nanos() as u64).max(1))?;
