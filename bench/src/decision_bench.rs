@@ -49,7 +49,7 @@ pub const REPLY_TOKENS: usize = 32;
 /// Tokens of each user question after turn 1.
 pub const QUESTION_TOKENS: usize = 16;
 /// The system message every chat starts with, 800 characters (perf/compare/chat.lua's).
-fn system_prompt() -> String {
+pub(crate) fn system_prompt() -> String {
     "You are a careful assistant for a fleet operator. "
         .repeat(16)
         .chars()
@@ -63,7 +63,7 @@ pub fn policies() -> [PolicyKind; 2] {
 }
 
 /// The stages of one decision, in order (report keys).
-const STAGES: [&str; 5] = ["parse_tokenize", "facts", "snapshot", "decide", "record"];
+pub(crate) const STAGES: [&str; 5] = ["parse_tokenize", "facts", "snapshot", "decide", "record"];
 
 /// The body of turn `turn` (1-based) of conversation `conv` in a chat of `size` tokens.
 fn chat_body(words: &WordIds, system: &str, conv: u64, turn: usize, size: usize) -> Vec<u8> {

@@ -174,15 +174,6 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
 }
 
-/// The system message every chat starts with (`kvroute bench decision`'s).
-fn system_prompt() -> String {
-    "You are a careful assistant for a fleet operator. "
-        .repeat(16)
-        .chars()
-        .take(800)
-        .collect()
-}
-
 /// Turn `turn` (1-based) of a conversation on document `doc`, `round` telling conversations
 /// on one document apart.
 fn chat_body(
@@ -307,7 +298,7 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
     let groups = workers.div_ceil(GROUP_WORKERS);
     let tok = Tokenizer::qwen3()?;
     let words = WordIds::from_tokenizer(&tok)?;
-    let system = system_prompt();
+    let system = crate::decision_bench::system_prompt();
 
     // Each group's document as the router tokenizes it (a tokenizer of its own, so the
     // measured one starts cold).
@@ -434,20 +425,8 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         "decisions": d.whole.len(),
         "turn1": q(&d.turn1),
         "index_lookup": q(&d.lookup),
-        "stages_p50_ns": {
-            "parse_tokenize": d.stages[0].value_at_quantile(0.5),
-            "facts": d.stages[1].value_at_quantile(0.5),
-            "snapshot": d.stages[2].value_at_quantile(0.5),
-            "decide": d.stages[3].value_at_quantile(0.5),
-            "record": d.stages[4].value_at_quantile(0.5),
-        },
-        "stages_p99_ns": {
-            "parse_tokenize": d.stages[0].value_at_quantile(0.99),
-            "facts": d.stages[1].value_at_quantile(0.99),
-            "snapshot": d.stages[2].value_at_quantile(0.99),
-            "decide": d.stages[3].value_at_quantile(0.99),
-            "record": d.stages[4].value_at_quantile(0.99),
-        },
+        "stages_p50_ns": by_stage(&d.stages, 0.5),
+        "stages_p99_ns": by_stage(&d.stages, 0.99),
         "mean_matched_workers": d.matched as f64 / d.whole.len().max(1) as f64,
         "mean_prompt_tokens": d.prompt_tokens as f64 / d.whole.len().max(1) as f64,
         "offered_block_events_per_s": offered,
@@ -556,4 +535,14 @@ fn decide_loop(
         }
     }
     Ok(d)
+}
+
+/// `{stage: quantile q of its histogram, ns}` over [`crate::decision_bench::STAGES`].
+fn by_stage(stages: &[Histogram<u64>], q: f64) -> Value {
+    crate::decision_bench::STAGES
+        .iter()
+        .zip(stages)
+        .map(|(s, h)| (s.to_string(), json!(h.value_at_quantile(q))))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
