@@ -65,9 +65,20 @@ impl<S: AsyncReadRent + AsyncWriteRent> Conn<S> {
         self.buf.drain(..n);
     }
 
-    /// Takes all buffered bytes, leaving the buffer empty.
+    /// Takes all buffered bytes, leaving the buffer empty (unallocated: the next
+    /// [`Conn::fill`] allocates, unless [`Conn::restore_buffer`] gives one back first).
     pub fn take_buffered(&mut self) -> Vec<u8> {
-        std::mem::replace(&mut self.buf, Vec::with_capacity(MIN_READ_SPACE))
+        std::mem::take(&mut self.buf)
+    }
+
+    /// Gives `buf` back as the read buffer, emptied, when nothing is buffered (a relay hands
+    /// back the buffer it took with [`Conn::take_buffered`], so a reused connection does not
+    /// allocate a read buffer per response). Bytes already buffered win: `buf` is dropped.
+    pub fn restore_buffer(&mut self, mut buf: Vec<u8>) {
+        if self.buf.is_empty() && buf.capacity() > self.buf.capacity() {
+            buf.clear();
+            self.buf = buf;
+        }
     }
 
     /// Reads once, appending to the buffer. Returns the bytes read; 0 means the peer closed.

@@ -27,6 +27,7 @@ use crate::relay::{self, RelayEnd};
 use crate::state::Shared;
 use crate::upstream::{self, Pool};
 use http::{HeaderName, HeaderValue};
+use kvroute_core::config::defaults;
 use kvroute_core::health::{Outcome, is_retryable_status};
 use kvroute_core::metrics::Format;
 use kvroute_core::policy::{Decision, Snapshot};
@@ -483,10 +484,12 @@ async fn attempts(
             settings.max_head_bytes,
         );
         // A client that leaves while the worker prefills cancels the request: dropping `send`
-        // closes the worker connection, and the engine aborts (B41).
+        // closes the worker connection, and the engine aborts (B41). Watched only once the
+        // worker has taken [`defaults::CLIENT_WATCH_DELAY_MS`] (a watch costs two io_uring
+        // operations; most fast answers come before it).
         let sent = monoio::select! {
             sent = send => sent,
-            _ = sink.client_gone() => {
+            _ = client_left(sink) => {
                 shared.metrics.on_worker_error(worker.id, "client_gone");
                 return Err(Stop::ClientGone);
             }
@@ -743,6 +746,12 @@ async fn proxy(
 
 /// How often an attempt waiting for its first byte looks at its worker's health, ms.
 const HEALTH_WATCH_MS: u64 = 250;
+
+/// Resolves once the client has gone, watched from [`defaults::CLIENT_WATCH_DELAY_MS`] on.
+async fn client_left(sink: &impl ResponseSink) {
+    monoio::time::sleep(Duration::from_millis(defaults::CLIENT_WATCH_DELAY_MS)).await;
+    sink.client_gone().await
+}
 
 /// Resolves once `worker` is marked unhealthy (polled every [`HEALTH_WATCH_MS`]).
 async fn turned_unhealthy(worker: &Worker) {

@@ -200,8 +200,10 @@ pub async fn relay_body(
     let mut body = Body::new(head.framing);
     let mut tail = Tail::default();
     let mut upstream_ok = head.keep_alive;
-    let mut out = Vec::with_capacity(RELAY_READ_BYTES);
-    let mut data = Vec::with_capacity(RELAY_READ_BYTES);
+    // Sized by what passes through them (a whole small response allocates a few hundred
+    // bytes, not a read buffer's worth), then reused event after event.
+    let mut out = Vec::new();
+    let mut data = Vec::new();
     let mut pending = upstream.take_buffered();
     loop {
         out.clear();
@@ -269,6 +271,8 @@ pub async fn relay_body(
             Ok(_) => {}
         }
     }
+    // The read buffer goes back to the connection, for its next response if it is reused.
+    upstream.restore_buffer(pending);
     if sink.finish().await.is_err() {
         return RelayEnd::ClientGone;
     }

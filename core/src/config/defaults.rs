@@ -198,6 +198,15 @@ pub const RETRY_DEADLINE_SECS: u64 = 60;
 /// (~5k tokens/s, engine-model.md §3's rates), several times that behind a queue. 120 s;
 /// a stopped engine is also caught by health checks within ~3 × the check interval.
 pub const FIRST_BYTE_TIMEOUT_SECS: u64 = 120;
+/// How long an attempt waits on its worker before it starts watching the client's connection
+/// for a departure (bug-cases.md B41: a client that leaves cancels the request), ms. Watching
+/// costs two io_uring operations per request (a poll, then its cancellation when the worker
+/// answers first); a worker that answers within this never pays them, and a client that
+/// leaves is still noticed this much later at most, which is noise against a prefill worth
+/// cancelling (engine-model.md §3: a 2k-token prefill is ~0.4 s). 10 ms. Measured with
+/// `perf stat -e io_uring:io_uring_submit_req` on `perf/compare.sh`'s round-robin server:
+/// perf/runs/2026-12-02-proxy-path.
+pub const CLIENT_WATCH_DELAY_MS: u64 = 10;
 /// Mid-stream migrations of one generation to another worker; 0 = off. Source: Dynamo's
 /// `--migration-limit` default 0 (operations.md §2).
 pub const MIGRATION_LIMIT: u32 = 0;
