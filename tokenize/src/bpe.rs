@@ -66,7 +66,7 @@ pub struct ByteBpe {
     /// Words of at most 15 bytes are keyed inline ([`short_key`]): one probe touches one
     /// bucket instead of a bucket and a boxed key (with words from the whole vocabulary the
     /// boxed keys were a cache miss each, ~300 ns a word).
-    whole: HashMap<u128, u32, BuildHasherDefault<PairHasher>>,
+    whole: WordTable,
     /// Longer one-token words.
     whole_long: HashMap<Box<[u8]>, u32, BuildHasherDefault<PairHasher>>,
 }
@@ -80,6 +80,79 @@ fn short_key(bytes: &[u8]) -> Option<u128> {
         .copy_from_slice(bytes);
     b[15] = bytes.len() as u8;
     Some(u128::from_le_bytes(b))
+}
+
+/// The one-token words of at most 15 bytes ([`short_key`] → id): open addressing with linear
+/// probing, one `(key, id)` slot of 32 bytes per probe, at most half full. A word of running
+/// text is looked up with one cache line (hashbrown reads a control group and then the
+/// bucket, two lines, and both miss for a word drawn from the whole 150k vocabulary: the
+/// lookup was 17 % of a whole token-mode decision at turn 10 of an 8k-token chat,
+/// `kvroute bench decision`, perf/runs/2026-12-02-decision-2). Key 0 marks an empty slot
+/// (no short key is 0: its last byte is the word's length, ≥ 1).
+#[derive(Debug, Default)]
+struct WordTable {
+    slots: Box<[(u128, u32)]>,
+    len: usize,
+}
+
+impl WordTable {
+    /// The table of `words` (distinct keys; a later duplicate is ignored).
+    fn new(words: &[(u128, u32)]) -> Self {
+        let cap = (words.len() * 2).next_power_of_two().max(2);
+        let mut t = Self {
+            slots: vec![(0u128, 0u32); cap].into_boxed_slice(),
+            len: 0,
+        };
+        for &(k, id) in words.iter().filter(|(k, _)| *k != 0) {
+            let mask = t.slots.len() - 1;
+            let mut i = Self::slot(k) & mask;
+            loop {
+                match t.slots[i].0 {
+                    0 => {
+                        t.slots[i] = (k, id);
+                        t.len += 1;
+                        break;
+                    }
+                    x if x == k => break,
+                    _ => i = (i + 1) & mask,
+                }
+            }
+        }
+        t
+    }
+
+    #[inline]
+    fn slot(k: u128) -> usize {
+        let mut h = PairHasher::default();
+        h.write_u128(k);
+        h.finish() as usize
+    }
+
+    /// The id of short key `k`, if it is a one-token word.
+    #[inline]
+    fn get(&self, k: u128) -> Option<&u32> {
+        if self.slots.is_empty() || k == 0 {
+            return None;
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = Self::slot(k) & mask;
+        loop {
+            let (key, id) = &self.slots[i];
+            if *key == k {
+                return Some(id);
+            }
+            if *key == 0 {
+                return None;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Words held.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.len
+    }
 }
 
 impl ByteBpe {
@@ -120,13 +193,13 @@ impl ByteBpe {
         let mut bpe = Self {
             merges,
             byte_id,
-            whole: HashMap::default(),
+            whole: WordTable::default(),
             whole_long: HashMap::default(),
         };
         let ignore_merges = v["ignore_merges"] == serde_json::Value::Bool(true);
         let char_byte: HashMap<char, u8> =
             (0..=255u8).map(|b| (byte_char[b as usize], b)).collect();
-        let (mut whole, mut whole_long) = (HashMap::default(), HashMap::default());
+        let (mut whole, mut whole_long) = (Vec::new(), HashMap::default());
         let mut out = Vec::new();
         for (token, &id) in &vocab {
             let Some(bytes) = token
@@ -139,12 +212,14 @@ impl ByteBpe {
             out.clear();
             if ignore_merges || bpe.merge(&bytes, &mut out) && out == [id] {
                 match short_key(&bytes) {
-                    Some(k) => whole.insert(k, id),
-                    None => whole_long.insert(bytes.into_boxed_slice(), id),
+                    Some(k) => whole.push((k, id)),
+                    None => {
+                        whole_long.insert(bytes.into_boxed_slice(), id);
+                    }
                 };
             }
         }
-        bpe.whole = whole;
+        bpe.whole = WordTable::new(&whole);
         bpe.whole_long = whole_long;
         Some(bpe)
     }
@@ -154,7 +229,7 @@ impl ByteBpe {
     /// asks HF).
     pub fn push_word(&self, bytes: &[u8], ids: &mut Vec<u32>) -> bool {
         let one = match short_key(bytes) {
-            Some(k) => self.whole.get(&k),
+            Some(k) => self.whole.get(k),
             None => self.whole_long.get(bytes),
         };
         if let Some(&id) = one {
@@ -263,6 +338,26 @@ mod tests {
         (hf, ok.then_some(ours))
     }
 
+    proptest::proptest! {
+        /// The word table answers as a map built from the same pairs: every key its first id,
+        /// every other key (0 included) nothing.
+        #[test]
+        fn word_table_matches_a_map(
+            pairs in proptest::collection::vec((0u128..4096, 0u32..1000), 0..600),
+            probes in proptest::collection::vec(0u128..8192, 0..200),
+        ) {
+            let t = WordTable::new(&pairs);
+            let mut want: HashMap<u128, u32> = HashMap::new();
+            for &(k, id) in pairs.iter().filter(|(k, _)| *k != 0) {
+                want.entry(k).or_insert(id);
+            }
+            proptest::prop_assert_eq!(t.len(), want.len());
+            for k in want.keys().chain(&probes) {
+                proptest::prop_assert_eq!(t.get(*k), want.get(k));
+            }
+        }
+    }
+
     #[test]
     fn worked_examples() {
         for w in [
@@ -290,7 +385,10 @@ mod tests {
         assert!(f.bpe.whole.len() > 100_000, "{}", f.bpe.whole.len());
         let mut merged = Vec::new();
         assert!(f.bpe.merge(b" hello", &mut merged));
-        assert_eq!(merged, [f.bpe.whole[&short_key(b" hello").unwrap()]]);
+        assert_eq!(
+            merged,
+            [*f.bpe.whole.get(short_key(b" hello").unwrap()).unwrap()]
+        );
         assert_ne!(short_key(b"a"), short_key(b"a\0"));
         assert_eq!(short_key(&[b'x'; 16]), None);
     }
