@@ -64,6 +64,8 @@ pub struct Worker {
     breaker: Mutex<Breaker>,
     health: Mutex<HealthTracker>,
     models: RwLock<Vec<String>>,
+    /// [`models_key_of`] `models`, read without the lock by [`Worker::serves_key`].
+    models_key: AtomicU64,
     /// What this router booked on the worker (prefill, active blocks, since-poll credit,
     /// learned prefill curve).
     active: ActiveLoad,
@@ -329,7 +331,25 @@ impl Worker {
         if self.spec.models.is_empty()
             && let Ok(mut m) = self.models.write()
         {
+            self.models_key
+                .store(models_key_of(&models), Ordering::Relaxed);
             *m = models;
+        }
+    }
+
+    /// [`Worker::serves`] for `model` of [`model_key`] `key`, without a lock unless the
+    /// worker serves several models. Fleet snapshots call it per worker: a lock's read-modify-
+    /// write per worker stalled on each worker's cache line in turn (the `RwLock` was a third
+    /// of `Workers::snapshot` at 4,096 workers, `kvroute bench fleet`,
+    /// perf/runs/2026-12-02-fleet-2).
+    pub fn serves_key(&self, model: &str, key: u64) -> bool {
+        if model.is_empty() {
+            return true;
+        }
+        match self.models_key.load(Ordering::Relaxed) {
+            MODELS_ANY => true,
+            MODELS_MANY => self.serves(model),
+            k => k == key,
         }
     }
 
@@ -342,6 +362,32 @@ impl Worker {
                 .read()
                 .map(|m| m.is_empty() || m.iter().any(|x| x == model))
                 .unwrap_or(true)
+    }
+}
+
+/// [`Worker::serves_key`]'s key of a worker whose models are not known: it serves any.
+const MODELS_ANY: u64 = 0;
+/// The key of a worker serving several models: [`Worker::serves_key`] reads the list.
+const MODELS_MANY: u64 = u64::MAX;
+
+/// The key of one model name for [`Worker::serves_key`]: xxh3-64 of the name, never
+/// [`MODELS_ANY`] or [`MODELS_MANY`]. Two names of one key (2^-64 for a pair, the odds every
+/// block key of the indexes accepts) would count as one model.
+pub fn model_key(model: &str) -> u64 {
+    match xxhash_rust::xxh3::xxh3_64(model.as_bytes()) {
+        MODELS_ANY => 1,
+        MODELS_MANY => MODELS_MANY - 1,
+        k => k,
+    }
+}
+
+/// The key of a worker serving `models`: any when none is known, its one model's, else
+/// several.
+fn models_key_of(models: &[String]) -> u64 {
+    match models {
+        [] => MODELS_ANY,
+        [m] => model_key(m),
+        _ => MODELS_MANY,
     }
 }
 
@@ -638,6 +684,7 @@ impl Workers {
             breaker: Mutex::new(Breaker::new(self.settings.breaker)),
             health: Mutex::new(HealthTracker::new(self.settings.health, healthy)),
             models: RwLock::new(spec.models.clone()),
+            models_key: AtomicU64::new(models_key_of(&spec.models)),
             active: ActiveLoad::default(),
             cached_blocks: AtomicU64::new(u64::MAX),
             peers: Mutex::new(HashMap::new()),
@@ -729,6 +776,7 @@ impl Workers {
     /// are not in `vetoed` (ids this request already tried).
     pub fn snapshot(&self, model: &str, vetoed: &[usize], now_ms: u64) -> FleetView {
         let slots = self.slots.load_full();
+        let key = model_key(model);
         let mut loads = Vec::with_capacity(slots.len());
         let mut eligible = Vec::with_capacity(slots.len());
         for (id, w) in slots.iter().enumerate() {
@@ -737,7 +785,7 @@ impl Workers {
                 continue;
             };
             loads.push(w.load_view(now_ms as f64));
-            if w.is_available(now_ms) && w.serves(model) && !vetoed.contains(&id) {
+            if w.is_available(now_ms) && w.serves_key(model, key) && !vetoed.contains(&id) {
                 eligible.push(id);
             }
         }
@@ -751,7 +799,12 @@ impl Workers {
     /// True when some present worker (in any state) serves `model`: a request for a model
     /// nobody serves is a 404, one whose workers are all down a 503.
     pub fn knows_model(&self, model: &str) -> bool {
-        self.slots.load().iter().flatten().any(|w| w.serves(model))
+        let key = model_key(model);
+        self.slots
+            .load()
+            .iter()
+            .flatten()
+            .any(|w| w.serves_key(model, key))
     }
 
     /// Checks invariants 1 and 2 (3 is checked by the guard tests).
@@ -879,6 +932,23 @@ mod tests {
 
     fn spec(s: &str) -> WorkerSpec {
         parse_worker_spec(s).unwrap()
+    }
+
+    /// The lock-free model check answers as the list does, for every list shape (none
+    /// known, one, several) and every query (none, listed, not listed), before and after
+    /// the list changes.
+    #[test]
+    fn serves_key_agrees_with_the_list() {
+        let w = Workers::new(&["http://a:1".into()]).unwrap();
+        let a = w.get(0).unwrap();
+        let lists: [&[&str]; 5] = [&[], &["m"], &["m", "n"], &["n"], &["n", "zz", "m"]];
+        for list in lists {
+            a.set_models(list.iter().map(|m| m.to_string()).collect());
+            for q in ["", "m", "n", "zz", "other"] {
+                assert_eq!(a.serves_key(q, model_key(q)), a.serves(q), "{list:?} {q}");
+            }
+        }
+        assert_ne!(model_key("m"), model_key("n"));
     }
 
     /// The eligible set of the module table, one condition at a time.

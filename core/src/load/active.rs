@@ -21,7 +21,8 @@
 //! 1. `prefill_tokens`, `prefill_ms` and `prefill_requests` are the sums over booked requests
 //!    that have not had their first token;
 //! 2. `paths` holds one [`Path`] per live request with block keys, and `keyed_blocks` is
-//!    the number of distinct keys among them.
+//!    the number of distinct keys among them;
+//! 3. the words [`ActiveLoad::view`] reads are those of the state (`Published`).
 //!
 //! # Unique blocks
 //! Block keys are chained ([`kvroute_index::keys::block_keys_in`]: a key hashes its block
@@ -42,6 +43,7 @@ use kvroute_index::mix::MixMap;
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering, fence};
 use std::sync::{Arc, Mutex};
 
 /// What a dispatch books on its worker (made by the router from its decision,
@@ -133,6 +135,19 @@ impl Default for ActiveView {
             step_tokens: STEP_TOKENS,
         }
     }
+}
+
+/// [`ActiveView::prefill_wait_ms`] of a worker with `prefill_requests` booked without their
+/// first token, its prefill clock at `clock_ms` and the oldest of them dispatched at
+/// `oldest_ms`.
+fn wait_ms(prefill_requests: usize, clock_ms: f64, oldest_ms: f64, now_ms: f64) -> f64 {
+    if prefill_requests == 0 {
+        return 0.0;
+    }
+    if clock_ms >= now_ms {
+        return clock_ms - now_ms;
+    }
+    (now_ms - oldest_ms).max(0.0)
 }
 
 /// Blocks two chained key sequences share from the start, by binary search (equal keys at a
@@ -237,15 +252,105 @@ struct Active {
     model: PrefillModel,
 }
 
-/// One worker's active load (module doc). `Send + Sync`; every method takes one short lock.
+/// One worker's active load (module doc). `Send + Sync`; every method but
+/// [`ActiveLoad::view`] takes one short lock; `view` takes none.
 #[derive(Debug)]
 pub struct ActiveLoad {
     inner: Mutex<Active>,
+    /// What `view` reads, published under the lock after every change.
+    published: Published,
+}
+
+/// Words of [`Published`]: 0 prefill requests, 1 prefill tokens, 2 prefill clock (f64 bits),
+/// 3 oldest dispatch still in prefill (f64 bits, ∞ when none), 4 decode blocks, 5 since-poll
+/// tokens, 6 engine report flags (bit 0 present, 1 `waiting_tokens`, 2 `kv_usage`, 3
+/// `capacity_blocks`), 7–11 its running, waiting, waiting tokens, KV usage (f64 bits),
+/// capacity, 12–18 the prefill curve ([`PrefillModel::to_words`]).
+const WORDS: usize = 19;
+
+/// The fields [`ActiveLoad::view`] reads, for readers that take no lock: a sequence lock.
+/// Writers, serialized by the mutex, make `seq` odd, store the words, and make it even again;
+/// a reader copies the words between two reads of `seq` and retries while it was odd or
+/// changed (every access atomic: no torn value is ever used). A fleet snapshot reads every
+/// worker's view; the mutex's lock and unlock, a read-modify-write each on a line not in
+/// cache, were a third of `Workers::snapshot` at 4,096 workers (perf/runs/2026-12-02-fleet-2).
+#[derive(Debug, Default)]
+struct Published {
+    seq: AtomicU64,
+    words: [AtomicU64; WORDS],
+}
+
+impl Published {
+    /// The words of state `a`.
+    fn words(a: &Active) -> [u64; WORDS] {
+        let oldest = if a.prefill_requests == 0 {
+            f64::INFINITY
+        } else {
+            a.requests
+                .values()
+                .filter(|r| r.in_prefill)
+                .map(|r| r.dispatched_ms)
+                .fold(f64::INFINITY, f64::min)
+        };
+        let e = a.engine.unwrap_or_default();
+        let flags = u64::from(a.engine.is_some())
+            | u64::from(e.waiting_tokens.is_some()) << 1
+            | u64::from(e.kv_usage.is_some()) << 2
+            | u64::from(e.capacity_blocks.is_some()) << 3;
+        let m = a.model.to_words();
+        [
+            a.prefill_requests as u64,
+            a.prefill_tokens,
+            a.clock_ms.to_bits(),
+            oldest.to_bits(),
+            a.keyed_blocks + a.unkeyed_blocks,
+            a.since_poll_tokens,
+            flags,
+            e.running as u64,
+            e.waiting as u64,
+            e.waiting_tokens.unwrap_or(0),
+            e.kv_usage.unwrap_or(0.0).to_bits(),
+            e.capacity_blocks.unwrap_or(0),
+            m[0],
+            m[1],
+            m[2],
+            m[3],
+            m[4],
+            m[5],
+            m[6],
+        ]
+    }
+
+    /// Publishes `a` (the caller holds its mutex: one writer at a time).
+    fn store(&self, a: &Active) {
+        let words = Self::words(a);
+        let s = self.seq.load(AtomicOrdering::Relaxed);
+        self.seq.store(s.wrapping_add(1), AtomicOrdering::Relaxed);
+        fence(AtomicOrdering::Release);
+        for (slot, w) in self.words.iter().zip(words) {
+            slot.store(w, AtomicOrdering::Relaxed);
+        }
+        self.seq.store(s.wrapping_add(2), AtomicOrdering::Release);
+    }
+
+    /// The last published words.
+    fn load(&self) -> [u64; WORDS] {
+        loop {
+            let s1 = self.seq.load(AtomicOrdering::Acquire);
+            let words = std::array::from_fn(|i| self.words[i].load(AtomicOrdering::Relaxed));
+            fence(AtomicOrdering::Acquire);
+            let s2 = self.seq.load(AtomicOrdering::Relaxed);
+            if s1 == s2 && s1.is_multiple_of(2) {
+                return words;
+            }
+            std::hint::spin_loop();
+        }
+    }
 }
 
 impl Default for ActiveLoad {
     fn default() -> Self {
-        Self {
+        let a = Self {
             inner: Mutex::new(Active {
                 next_id: 0,
                 requests: MixMap::default(),
@@ -260,7 +365,10 @@ impl Default for ActiveLoad {
                 engine: None,
                 model: PrefillModel::default(),
             }),
-        }
+            published: Published::default(),
+        };
+        a.published.store(&a.lock());
+        a
     }
 }
 
@@ -308,6 +416,7 @@ impl ActiveLoad {
                 served_new_tokens: None,
             },
         );
+        self.published.store(&a);
         id
     }
 
@@ -326,6 +435,7 @@ impl ActiveLoad {
         let (tokens, ms) = (r.new_tokens, r.prefill_ms);
         a.end_prefill(tokens, ms);
         a.clock_ms = now_ms + a.prefill_ms;
+        self.published.store(&a);
     }
 
     /// What the engine said it served booking `id` from its cache: `prompt_tokens` and
@@ -357,6 +467,7 @@ impl ActiveLoad {
             let tokens = r.served_new_tokens.unwrap_or(r.new_tokens);
             a.model.observe(tokens, STEP_TOKENS, r.decode_load, ttft);
         }
+        self.published.store(&a);
     }
 
     /// Records an engine report (or its absence: `None`); the since-poll credit restarts.
@@ -364,19 +475,29 @@ impl ActiveLoad {
         let mut a = self.lock();
         a.engine = engine;
         a.since_poll_tokens = 0;
+        self.published.store(&a);
     }
 
-    /// The view a policy reads at `now_ms`.
+    /// The view a policy reads at `now_ms`, from the last published state: no lock.
     pub fn view(&self, now_ms: f64) -> ActiveView {
-        let a = self.lock();
+        let w = self.published.load();
+        let f = f64::from_bits;
+        let prefill_requests = w[0] as usize;
+        let engine = (w[6] & 1 == 1).then(|| EngineReport {
+            running: w[7] as usize,
+            waiting: w[8] as usize,
+            waiting_tokens: (w[6] & 2 != 0).then_some(w[9]),
+            kv_usage: (w[6] & 4 != 0).then(|| f(w[10])),
+            capacity_blocks: (w[6] & 8 != 0).then_some(w[11]),
+        });
         ActiveView {
-            prefill_requests: a.prefill_requests,
-            prefill_tokens: a.prefill_tokens,
-            prefill_wait_ms: a.wait_ms(now_ms),
-            decode_blocks: a.keyed_blocks + a.unkeyed_blocks,
-            since_poll_tokens: a.since_poll_tokens,
-            engine: a.engine,
-            prefill: a.model,
+            prefill_requests,
+            prefill_tokens: w[1],
+            prefill_wait_ms: wait_ms(prefill_requests, f(w[2]), f(w[3]), now_ms),
+            decode_blocks: w[4],
+            since_poll_tokens: w[5],
+            engine,
+            prefill: PrefillModel::from_words(std::array::from_fn(|i| w[12 + i])),
             step_tokens: STEP_TOKENS,
         }
     }
@@ -408,28 +529,14 @@ impl ActiveLoad {
         {
             return Err(2);
         }
+        if self.published.load() != Published::words(&a) {
+            return Err(3);
+        }
         Ok(())
     }
 }
 
 impl Active {
-    /// [`ActiveView::prefill_wait_ms`].
-    fn wait_ms(&self, now_ms: f64) -> f64 {
-        if self.prefill_requests == 0 {
-            return 0.0;
-        }
-        if self.clock_ms >= now_ms {
-            return self.clock_ms - now_ms;
-        }
-        let oldest = self
-            .requests
-            .values()
-            .filter(|r| r.in_prefill)
-            .map(|r| r.dispatched_ms)
-            .fold(f64::INFINITY, f64::min);
-        (now_ms - oldest).max(0.0)
-    }
-
     fn end_prefill(&mut self, tokens: u64, ms: f64) {
         self.prefill_requests -= 1;
         self.prefill_tokens -= tokens;
@@ -492,6 +599,34 @@ mod tests {
         a.check().unwrap();
         a.report(None);
         assert_eq!(a.view(0.0).since_poll_tokens, 0);
+    }
+
+    /// A view read while another thread books and frees is one published state, never a
+    /// mix of two: its prefill tokens are always 64 per prefill request.
+    #[test]
+    fn views_read_during_writes_are_whole() {
+        let a = Arc::new(ActiveLoad::default());
+        let writer = {
+            let a = Arc::clone(&a);
+            std::thread::spawn(move || {
+                for i in 0..20_000u32 {
+                    let id = a.book(booking(64, 0, 2.0, &[1, 2]), f64::from(i), 0);
+                    if i % 2 == 0 {
+                        a.first_token(id, f64::from(i));
+                    }
+                    a.free(id);
+                }
+            })
+        };
+        let mut reads = 0;
+        while !writer.is_finished() && reads < 5_000_000 {
+            let v = a.view(0.0);
+            assert_eq!(v.prefill_tokens, 64 * v.prefill_requests as u64);
+            assert!(v.decode_blocks == 0 || v.decode_blocks == 2);
+            reads += 1;
+        }
+        writer.join().unwrap();
+        assert_eq!(a.view(0.0).decode_blocks, 0);
     }
 
     /// Only a request that waited behind nothing teaches the curve, with the engine's served

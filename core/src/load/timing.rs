@@ -103,6 +103,25 @@ impl PrefillModel {
         }
     }
 
+    /// The model as 7 words ([`PrefillModel::from_words`] gives it back), for lock-free
+    /// publication (`ActiveLoad`'s view).
+    pub(crate) fn to_words(self) -> [u64; 7] {
+        let [t0, t1] = self.theta;
+        let [[p00, p01], [p10, p11]] = self.p;
+        let b = f64::to_bits;
+        [b(t0), b(t1), b(p00), b(p01), b(p10), b(p11), self.samples]
+    }
+
+    /// The model of [`PrefillModel::to_words`]'s words.
+    pub(crate) fn from_words(w: [u64; 7]) -> Self {
+        let f = |i: usize| f64::from_bits(w[i]);
+        Self {
+            theta: [f(0), f(1)],
+            p: [[f(2), f(3)], [f(4), f(5)]],
+            samples: w[6],
+        }
+    }
+
     /// Predicted ms to prefill `tokens` new tokens in chunks of `step` tokens at decode load
     /// `u` (0–1; 0 = nothing decodes in the same steps). 0 for 0 tokens; never negative.
     pub fn prefill_ms(&self, tokens: u64, step: usize, u: f64) -> f64 {

@@ -98,10 +98,15 @@ pub fn terms(
             }
         }
     }
-    // A block's worth of prefill at full-chunk efficiency, on this worker's curve.
-    let step = a.step_tokens.max(1) as u64;
-    let per_block = a.prefill.prefill_ms(step, a.step_tokens, 0.0) * bs as f64 / step as f64;
-    let decode = p.decode_weight * a.decode_blocks as f64 * per_block;
+    // A block's worth of prefill at full-chunk efficiency, on this worker's curve (not
+    // computed for a worker with nothing decoding: most of a large fleet at any instant).
+    let decode = if a.decode_blocks == 0 || p.decode_weight == 0.0 {
+        0.0
+    } else {
+        let step = a.step_tokens.max(1) as u64;
+        let per_block = a.prefill.prefill_ms(step, a.step_tokens, 0.0) * bs as f64 / step as f64;
+        p.decode_weight * a.decode_blocks as f64 * per_block
+    };
     (a.prefill_wait_ms, own, evict + decode, no_fit)
 }
 
