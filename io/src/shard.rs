@@ -229,7 +229,7 @@ fn run_shard(
 /// of the round-robin server's CPU in a profile): they are posted at its next
 /// `io_uring_enter`, which monoio makes every time it runs out of tasks. Measured on
 /// `perf/compare.sh`'s round-robin server (A/B in one script, medians of 4 rounds): 14.1 →
-/// 11.2 CPU µs per request, 64.7k → 80.3k req/s (perf/runs/2026-12-02-proxy-path). Adding
+/// 11.1 CPU µs per request, 64.4k → 81.0k req/s (perf/runs/2026-12-02-proxy-path). Adding
 /// `DEFER_TASKRUN` or `TASKRUN_FLAG` changed nothing measurable.
 fn ring_setup() -> io_uring::Builder {
     let mut b = io_uring::IoUring::builder();

@@ -343,8 +343,8 @@ async fn read_head(
 
 /// Closes the connections of `list` idle for `timeout` or more at `now`. They are a prefix
 /// (invariant 1: oldest first), so this reads the clock once per call, not once per
-/// connection (a clock read per idle connection on every `put` was 1.2 % of the text path's
-/// CPU under `perf/compare.sh`, perf/runs/2026-12-02-token-ab/text-profile.txt).
+/// connection (a clock read per idle connection on every `put` was 1.1 % of the round-robin
+/// server's CPU under `perf/compare.sh`, perf/runs/2026-12-02-proxy-path).
 fn expire(list: &mut Vec<(Conn, Instant)>, now: Instant, timeout: Duration) {
     let stale = list.partition_point(|(_, since)| now.duration_since(*since) >= timeout);
     list.drain(..stale);

@@ -166,7 +166,9 @@ fn common_blocks(a: &[u64], b: &[u64]) -> usize {
 }
 
 /// A live request's block keys, ordered lexicographically (then by booking id, so equal
-/// prompts stay apart).
+/// prompts stay apart). The order is total for chained keys (a [`Booking`]'s, from the
+/// router's block keys); keys that are not chained (a 2^-64 collision) may be misplaced,
+/// and a free may then miss its path: the worker's decode-block count drifts, nothing else.
 #[derive(Debug, Clone)]
 struct Path {
     keys: Arc<[u64]>,
@@ -281,7 +283,9 @@ struct Published {
 }
 
 impl Published {
-    /// The words of state `a`.
+    /// The words of state `a`. The oldest dispatch still in prefill is a scan of the
+    /// worker's requests, once per write (readers did it, once per read, while first tokens
+    /// were overdue).
     fn words(a: &Active) -> [u64; WORDS] {
         let oldest = if a.prefill_requests == 0 {
             f64::INFINITY
