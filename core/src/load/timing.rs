@@ -84,12 +84,39 @@ impl Default for PrefillModel {
 /// The features `(shape(T), n·u)` of `tokens` new tokens in chunks of `step` (≥ 1) at decode
 /// load `u` (clamped to 0–1): shape = the prior's `a·n + b·T + c·Σtᵢ²`.
 fn features(tokens: u64, step: usize, u: f64) -> [f64; 2] {
-    let step = step.max(1) as u64;
-    let n = tokens.div_ceil(step) as f64;
-    let (full, rest) = (tokens / step, tokens % step);
-    let sq = (full as f64 * (step as f64).powi(2) + (rest as f64).powi(2)) / 1e6;
-    let shape = PRIOR[0] * n + PRIOR[1] * tokens as f64 / 1e3 + PRIOR[2] * sq;
-    [shape, n * u.clamp(0.0, 1.0)]
+    let s = Shape::of(tokens, step);
+    [s.shape, s.steps * u.clamp(0.0, 1.0)]
+}
+
+/// The part of a prefill's features that depends on the request only: `tokens` new tokens
+/// in chunks of `step` (the same for every worker that would compute as many), so a policy
+/// scoring thousands of workers computes it once per distinct count
+/// ([`PrefillModel::prefill_ms_shaped`]; its integer and float divisions were most of
+/// `predicted_ttft`'s per-worker cost at 4,096 workers, perf/runs/2026-12-02-fleet-2).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shape {
+    /// New tokens.
+    pub tokens: u64,
+    /// The prior's `a·n + b·T + c·Σtᵢ²` (module doc).
+    pub shape: f64,
+    /// Steps `n`.
+    pub steps: f64,
+}
+
+impl Shape {
+    /// The shape of `tokens` new tokens in chunks of `step` (≥ 1).
+    pub fn of(tokens: u64, step: usize) -> Self {
+        let step = step.max(1) as u64;
+        let n = tokens.div_ceil(step) as f64;
+        let (full, rest) = (tokens / step, tokens % step);
+        let sq = (full as f64 * (step as f64).powi(2) + (rest as f64).powi(2)) / 1e6;
+        let shape = PRIOR[0] * n + PRIOR[1] * tokens as f64 / 1e3 + PRIOR[2] * sq;
+        Self {
+            tokens,
+            shape,
+            steps: n,
+        }
+    }
 }
 
 impl PrefillModel {
@@ -125,10 +152,15 @@ impl PrefillModel {
     /// Predicted ms to prefill `tokens` new tokens in chunks of `step` tokens at decode load
     /// `u` (0–1; 0 = nothing decodes in the same steps). 0 for 0 tokens; never negative.
     pub fn prefill_ms(&self, tokens: u64, step: usize, u: f64) -> f64 {
-        if tokens == 0 {
+        self.prefill_ms_shaped(&Shape::of(tokens, step), u)
+    }
+
+    /// [`PrefillModel::prefill_ms`] of a request of shape `s` (the same value, bit for bit).
+    pub fn prefill_ms_shaped(&self, s: &Shape, u: f64) -> f64 {
+        if s.tokens == 0 {
             return 0.0;
         }
-        let x = features(tokens, step, u);
+        let x = [s.shape, s.steps * u.clamp(0.0, 1.0)];
         (x[0] * self.theta[0] + x[1] * self.theta[1]).max(0.0)
     }
 

@@ -35,7 +35,9 @@ use super::prefix::Overlaps;
 use super::wait::pick_min;
 use super::{Decision, Request, Snapshot, WorkerLoad};
 use crate::config::PolicyKnobs;
+use crate::load::timing::Shape;
 use rand::Rng;
+use std::cell::Cell;
 
 /// predicted_ttft's parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,19 +71,30 @@ pub fn decode_load(w: &WorkerLoad) -> f64 {
 }
 
 /// The terms of `cost_w` (module doc) for worker `w`: `(wait, own, evict + decode, no_fit)`,
-/// ms.
+/// ms. `last`: the [`Shape`] of the previous worker scored in this decision (reused when this
+/// worker would compute as many new tokens in chunks of the same size; `Cell::new(None)`
+/// for a worker alone).
 pub fn terms(
     p: &TtftParams,
     snap: &Snapshot<'_>,
     req: &Request<'_>,
     ov: &Overlaps,
     w: usize,
+    last: &Cell<Option<(usize, Shape)>>,
 ) -> (f64, f64, f64, f64) {
     let wl = &snap.workers[w];
     let a = &wl.active;
     let cached = ov.tokens(w).min(req.prompt_tokens.saturating_sub(1));
     let new = req.prompt_tokens - cached;
-    let own = a.prefill.prefill_ms(new, a.step_tokens, decode_load(wl));
+    let shape = match last.get() {
+        Some((step, s)) if s.tokens == new && step == a.step_tokens => s,
+        _ => {
+            let s = Shape::of(new, a.step_tokens);
+            last.set(Some((a.step_tokens, s)));
+            s
+        }
+    };
+    let own = a.prefill.prefill_ms_shaped(&shape, decode_load(wl));
     let bs = req.block_size as u64;
     let new_blocks = new.div_ceil(bs);
     let (mut evict, mut no_fit) = (0.0, 0.0);
@@ -118,8 +131,9 @@ pub fn decide(
     ov: &Overlaps,
     rng: &mut impl Rng,
 ) -> Decision {
+    let last = Cell::new(None);
     let cost = |w: usize| {
-        let (wait, own, evict, no_fit) = terms(p, snap, req, ov, w);
+        let (wait, own, evict, no_fit) = terms(p, snap, req, ov, w, &last);
         wait + p.prefill_weight * own + evict + no_fit
     };
     let worker = pick_min(snap.eligible.iter().copied(), cost, rng).unwrap_or(snap.eligible[0]);

@@ -985,7 +985,8 @@ fn predicted_ttft_worked_example() {
             now_ms: 0,
         };
         let cost = |w| {
-            let (wait, own, evict, no_fit) = predicted_ttft::terms(&p, &snap, &req, &ov, w);
+            let (wait, own, evict, no_fit) =
+                predicted_ttft::terms(&p, &snap, &req, &ov, w, &std::cell::Cell::new(None));
             wait + p.prefill_weight * own + evict + no_fit
         };
         let (c0, c1) = (cost(0), cost(1));
