@@ -92,7 +92,6 @@ fn short_key(bytes: &[u8]) -> Option<u128> {
 #[derive(Debug, Default)]
 struct WordTable {
     slots: Box<[(u128, u32)]>,
-    len: usize,
 }
 
 impl WordTable {
@@ -101,7 +100,6 @@ impl WordTable {
         let cap = (words.len() * 2).next_power_of_two().max(2);
         let mut t = Self {
             slots: vec![(0u128, 0u32); cap].into_boxed_slice(),
-            len: 0,
         };
         for &(k, id) in words.iter().filter(|(k, _)| *k != 0) {
             let mask = t.slots.len() - 1;
@@ -110,7 +108,6 @@ impl WordTable {
                 match t.slots[i].0 {
                     0 => {
                         t.slots[i] = (k, id);
-                        t.len += 1;
                         break;
                     }
                     x if x == k => break,
@@ -151,7 +148,7 @@ impl WordTable {
     /// Words held.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.len
+        self.slots.iter().filter(|(k, _)| *k != 0).count()
     }
 }
 
