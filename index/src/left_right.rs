@@ -21,6 +21,9 @@ struct Padded(AtomicUsize);
 struct Side<Op> {
     /// Ops applied to the active copy but not yet to the standby one.
     log: Vec<Op>,
+    /// An empty vector whose allocation the next batch reuses (a flush per request
+    /// otherwise allocates one).
+    spare: Vec<Op>,
 }
 
 /// Two copies of a `T`, read without locks, written through queued ops.
@@ -69,7 +72,10 @@ impl<T: Clone, Op> LeftRight<T, Op> {
             copies: [UnsafeCell::new(init.clone()), UnsafeCell::new(init)],
             active: AtomicUsize::new(0),
             readers: [Padded(AtomicUsize::new(0)), Padded(AtomicUsize::new(0))],
-            writer: Mutex::new(Side { log: Vec::new() }),
+            writer: Mutex::new(Side {
+                log: Vec::new(),
+                spare: Vec::new(),
+            }),
             tx,
             rx,
             apply,
@@ -110,8 +116,10 @@ impl<T, Op> LeftRight<T, Op> {
             let Ok(mut side) = self.writer.try_lock() else {
                 return did;
             };
-            let batch: Vec<Op> = self.rx.try_iter().collect();
+            let mut batch = std::mem::take(&mut side.spare);
+            batch.extend(self.rx.try_iter());
             if batch.is_empty() {
+                side.spare = batch;
                 return did;
             }
             did = true;
@@ -137,7 +145,7 @@ impl<T, Op> LeftRight<T, Op> {
                 (self.apply)(copy, op);
             }
             self.active.store(standby, Ordering::SeqCst);
-            side.log = batch;
+            side.spare = std::mem::replace(&mut side.log, batch);
             drop(side);
             if self.rx.is_empty() {
                 return did;
