@@ -463,14 +463,10 @@ impl Radix {
     fn push_leaf(&mut self, e: LeafEntry) {
         self.leaves.heap.push(Reverse(e));
         if self.leaves.heap.len() > self.leaves.bound() {
-            let heap = std::mem::take(&mut self.leaves.heap);
-            let live: Vec<Reverse<LeafEntry>> = heap
-                .into_vec()
-                .into_iter()
-                .filter(|e| self.is_leaf_entry(e.0))
-                .collect();
-            self.leaves.compacted = live.len();
-            self.leaves.heap = BinaryHeap::from(live);
+            let mut heap = std::mem::take(&mut self.leaves.heap);
+            heap.retain(|e| self.is_leaf_entry(e.0));
+            self.leaves.compacted = heap.len();
+            self.leaves.heap = heap;
         }
     }
 
