@@ -15,7 +15,8 @@
 # each run. Every server runs for the whole script, so the token server's state grows round
 # after round: its last round against its first is the state-growth ratio.
 # Prints per target the median req/s and CPU µs/request over the rounds and both as ratios
-# to nginx's, and writes every round to OUT/rounds.tsv and the summary to OUT/summary.tsv.
+# to nginx's (the median of each round's ratio: paired, so the machine's drift between rounds
+# cancels; odd rounds run the targets in order, even rounds in reverse), and writes every round to OUT/rounds.tsv and the summary to OUT/summary.tsv.
 #
 # With --rate R1,R2,..: also fixed-rate runs (`kvroute load`, latency from the scheduled
 # send time) through nginx and through kvroute (rr and token), p50/p99 per rate, and the
@@ -95,7 +96,11 @@ ticks() {
 }
 echo -e "round\ttarget\treq_per_s\tcpu_us_per_req\terrors" > "$out/rounds.tsv"
 for r in $(seq 1 "$rounds"); do
-  for t in "${targets[@]}"; do
+  # Odd rounds run the targets in order, even rounds in reverse: a drift of the machine's
+  # speed during a round then favours no target over the run.
+  order=("${targets[@]}")
+  [ $((r % 2)) -eq 1 ] || order=($(printf '%s\n' "${targets[@]}" | tac))
+  for t in "${order[@]}"; do
     before=0; [ "$t" = direct ] || before=$(ticks "${pid[$t]}")
     wrk -t2 -c"$conns" -d"${secs}s" -s "$conf/chat.lua" "http://127.0.0.1:${port[$t]}" > "$run/wrk.txt"
     after=0; [ "$t" = direct ] || after=$(ticks "${pid[$t]}")
@@ -116,22 +121,34 @@ out, rounds = sys.argv[1], int(sys.argv[2])
 rows = list(csv.DictReader(open(f"{out}/rounds.tsv"), delimiter="\t"))
 targets = list(dict.fromkeys(r["target"] for r in rows))
 med = lambda xs: statistics.median(xs) if xs else float("nan")
+# The ratios to nginx are paired: each round's value over nginx's in the same round, then
+# the median over the rounds. A slow minute of the machine then moves both sides of a ratio
+# instead of one median; the range of the per-round ratios is printed beside it.
+by = {(int(r["round"]), r["target"]): r for r in rows}
+def ratios(t, col):
+    out = []
+    for k in range(1, rounds + 1):
+        a, n = by.get((k, t)), by.get((k, "nginx"))
+        if a and n and a[col] != "-" and n[col] != "-" and float(n[col]) > 0:
+            out.append(float(a[col]) / float(n[col]))
+    return out
 summary = {}
 for t in targets:
     rs = [r for r in rows if r["target"] == t]
     rps = [float(r["req_per_s"]) for r in rs]
     cpu = [float(r["cpu_us_per_req"]) for r in rs if r["cpu_us_per_req"] != "-"]
     summary[t] = (med(rps), med(cpu) if cpu else None, sum(int(r["errors"]) for r in rs),
-                  rps[-1] / rps[0] if rps and rps[0] else float("nan"))
-n_rps, n_cpu = summary["nginx"][0], summary["nginx"][1]
-lines = ["target\treq_per_s\tvs_nginx\tcpu_us_per_req\tcpu_vs_nginx\terrors\tlast_over_first"]
-print(f"\nmedians of {rounds} interleaved rounds")
-print(f"{'target':<8} {'req/s':>9} {'× nginx':>8} {'CPU µs/req':>11} {'× nginx':>8} {'errors':>7} {'last/first':>10}")
-for t, (rps, cpu, errs, growth) in summary.items():
+                  rps[-1] / rps[0] if rps and rps[0] else float("nan"),
+                  ratios(t, "req_per_s"), ratios(t, "cpu_us_per_req"))
+lines = ["target\treq_per_s\tvs_nginx\tvs_nginx_min\tvs_nginx_max\tcpu_us_per_req\tcpu_vs_nginx\terrors\tlast_over_first"]
+print(f"\nmedians of {rounds} interleaved rounds; x nginx: median of the per-round ratios (range)")
+print(f"{'target':<8} {'req/s':>9} {'× nginx':>8} {'range':>11} {'CPU µs/req':>11} {'× nginx':>8} {'errors':>7} {'last/first':>10}")
+for t, (rps, cpu, errs, growth, rr, cr) in summary.items():
     cpu_s = f"{cpu:.1f}" if cpu is not None else "-"
-    cpu_r = f"{cpu / n_cpu:.2f}" if cpu is not None else "-"
-    print(f"{t:<8} {rps:>9.0f} {rps / n_rps:>8.2f} {cpu_s:>11} {cpu_r:>8} {errs:>7} {growth:>10.2f}")
-    lines.append(f"{t}\t{rps:.0f}\t{rps / n_rps:.3f}\t{cpu_s}\t{cpu_r}\t{errs}\t{growth:.3f}")
+    cpu_r = f"{med(cr):.2f}" if cr else "-"
+    rng = f"{min(rr):.2f}-{max(rr):.2f}"
+    print(f"{t:<8} {rps:>9.0f} {med(rr):>8.2f} {rng:>11} {cpu_s:>11} {cpu_r:>8} {errs:>7} {growth:>10.2f}")
+    lines.append(f"{t}\t{rps:.0f}\t{med(rr):.3f}\t{min(rr):.3f}\t{max(rr):.3f}\t{cpu_s}\t{cpu_r}\t{errs}\t{growth:.3f}")
 open(f"{out}/summary.tsv", "w").write("\n".join(lines) + "\n")
 EOF
 echo "wrote $out/rounds.tsv and $out/summary.tsv"

@@ -7,7 +7,9 @@
 
 use crate::CoreError;
 use kvroute_tokenize::blocks::{media_key, namespace_hash};
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{
+    Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
 use std::borrow::Cow;
 use std::fmt;
 
@@ -120,7 +122,7 @@ pub(crate) fn parse_fields(body: &[u8]) -> Result<Fields<'_>, CoreError> {
         line: e.line(),
         column: e.column(),
     };
-    let top = Top::deserialize(&mut de).map_err(not_json)?;
+    let top = DeserializeSeed::deserialize(TopVisitor(body.len()), &mut de).map_err(not_json)?;
     de.end().map_err(not_json)?;
     match top {
         Top::Object(boxed) => Ok(*boxed),
@@ -420,7 +422,15 @@ impl<'de> Deserialize<'de> for Key {
     }
 }
 
-struct TopVisitor;
+/// The top-level object; its field is the body's length in bytes, the capacity of the
+/// messages' text (never more than the body holds, so it is allocated once).
+struct TopVisitor(usize);
+impl<'de> DeserializeSeed<'de> for TopVisitor {
+    type Value = Top<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Top<'de>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
 impl<'de> Visitor<'de> for TopVisitor {
     type Value = Top<'de>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -432,7 +442,7 @@ impl<'de> Visitor<'de> for TopVisitor {
             match k {
                 Key::Model => f.model = map.next_value::<Loose<Str>>()?.0.map(|s| s.0),
                 Key::Stream => f.stream = map.next_value::<Loose<bool>>()?.0,
-                Key::Messages => f.messages = Some(map.next_value()?),
+                Key::Messages => f.messages = Some(map.next_value_seed(MessagesVisitor(self.0))?),
                 Key::Prompt => f.prompt = Some(map.next_value()?),
                 Key::Text => f.text = Some(map.next_value()?),
                 Key::InputIds => f.input_ids = Some(map.next_value()?),
@@ -470,10 +480,16 @@ impl<'de> Visitor<'de> for TopVisitor {
         Ok(Top::NotObject)
     }
 }
-deserialize_any_with!(Top<'de>, TopVisitor);
 
 /// `messages`: appends `<|role|>` + content text per message straight into one `String`.
-struct MessagesVisitor;
+/// Its field: the capacity of the text, bytes (the body's length).
+struct MessagesVisitor(usize);
+impl<'de> DeserializeSeed<'de> for MessagesVisitor {
+    type Value = Messages;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Messages, D::Error> {
+        d.deserialize_any(self)
+    }
+}
 impl<'de> Visitor<'de> for MessagesVisitor {
     type Value = Messages;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -483,6 +499,7 @@ impl<'de> Visitor<'de> for MessagesVisitor {
         let mut text = String::new();
         let mut media = Vec::new();
         let mut all_objects = true;
+        let cap = self.0;
         while let Some(m) = seq.next_element::<Message>()? {
             match m {
                 Message::Object {
@@ -491,11 +508,14 @@ impl<'de> Visitor<'de> for MessagesVisitor {
                     media: m,
                 } if all_objects => {
                     media.extend(m);
+                    if text.capacity() == 0 {
+                        text.reserve(cap);
+                    }
                     text.push_str("<|");
                     text.push_str(role.as_deref().unwrap_or(""));
                     text.push_str("|>");
-                    for part in content {
-                        text.push_str(&part);
+                    for part in content.iter() {
+                        text.push_str(part);
                     }
                 }
                 Message::Object { .. } => {}
@@ -530,16 +550,34 @@ impl<'de> Visitor<'de> for MessagesVisitor {
         Ok(Messages::NotArray)
     }
 }
-deserialize_any_with!(Messages, MessagesVisitor);
 
 /// One chat message: role and the text pieces of its content.
 enum Message<'a> {
     Object {
         role: Option<Cow<'a, str>>,
-        content: Vec<Cow<'a, str>>,
+        content: Texts<'a>,
         media: Vec<u64>,
     },
     NotObject,
+}
+
+/// The text pieces of one message's content: a string (one piece, no vector to allocate),
+/// or the texts of its parts.
+enum Texts<'a> {
+    One(Cow<'a, str>),
+    Parts(Vec<Cow<'a, str>>),
+}
+
+impl Texts<'_> {
+    const NONE: Self = Texts::Parts(Vec::new());
+
+    fn iter(&self) -> impl Iterator<Item = &str> {
+        let (one, parts) = match self {
+            Texts::One(t) => (Some(t.as_ref()), &[][..]),
+            Texts::Parts(p) => (None, &p[..]),
+        };
+        one.into_iter().chain(parts.iter().map(|p| p.as_ref()))
+    }
 }
 
 struct MessageVisitor;
@@ -550,7 +588,7 @@ impl<'de> Visitor<'de> for MessageVisitor {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Message<'de>, A::Error> {
         let mut role = None;
-        let mut content = Vec::new();
+        let mut content = Texts::NONE;
         let mut media = Vec::new();
         while let Some(k) = map.next_key::<Key>()? {
             match k {
@@ -597,7 +635,7 @@ deserialize_any_with!(Message<'de>, MessageVisitor);
 
 /// Message content: a string, or the texts of `type: "text"` parts and the media keys of the
 /// other parts; anything else is empty.
-struct Content<'a>(Vec<Cow<'a, str>>, Vec<u64>);
+struct Content<'a>(Texts<'a>, Vec<u64>);
 
 struct ContentVisitor;
 impl<'de> Visitor<'de> for ContentVisitor {
@@ -606,13 +644,13 @@ impl<'de> Visitor<'de> for ContentVisitor {
         f.write_str("message content")
     }
     fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Content<'de>, E> {
-        Ok(Content(vec![Cow::Borrowed(v)], Vec::new()))
+        Ok(Content(Texts::One(Cow::Borrowed(v)), Vec::new()))
     }
     fn visit_str<E>(self, v: &str) -> Result<Content<'de>, E> {
-        Ok(Content(vec![Cow::Owned(v.to_owned())], Vec::new()))
+        Ok(Content(Texts::One(Cow::Owned(v.to_owned())), Vec::new()))
     }
     fn visit_string<E>(self, v: String) -> Result<Content<'de>, E> {
-        Ok(Content(vec![Cow::Owned(v)], Vec::new()))
+        Ok(Content(Texts::One(Cow::Owned(v)), Vec::new()))
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content<'de>, A::Error> {
         let mut parts = Vec::new();
@@ -621,25 +659,25 @@ impl<'de> Visitor<'de> for ContentVisitor {
             parts.extend(p.0);
             media.extend(p.1);
         }
-        Ok(Content(parts, media))
+        Ok(Content(Texts::Parts(parts), media))
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Content<'de>, A::Error> {
-        skip_map(map).map(|()| Content(Vec::new(), Vec::new()))
+        skip_map(map).map(|()| Content(Texts::NONE, Vec::new()))
     }
     fn visit_bool<E>(self, _: bool) -> Result<Content<'de>, E> {
-        Ok(Content(Vec::new(), Vec::new()))
+        Ok(Content(Texts::NONE, Vec::new()))
     }
     fn visit_i64<E>(self, _: i64) -> Result<Content<'de>, E> {
-        Ok(Content(Vec::new(), Vec::new()))
+        Ok(Content(Texts::NONE, Vec::new()))
     }
     fn visit_u64<E>(self, _: u64) -> Result<Content<'de>, E> {
-        Ok(Content(Vec::new(), Vec::new()))
+        Ok(Content(Texts::NONE, Vec::new()))
     }
     fn visit_f64<E>(self, _: f64) -> Result<Content<'de>, E> {
-        Ok(Content(Vec::new(), Vec::new()))
+        Ok(Content(Texts::NONE, Vec::new()))
     }
     fn visit_unit<E>(self) -> Result<Content<'de>, E> {
-        Ok(Content(Vec::new(), Vec::new()))
+        Ok(Content(Texts::NONE, Vec::new()))
     }
 }
 deserialize_any_with!(Content<'de>, ContentVisitor);

@@ -74,7 +74,7 @@ fn write_request(head: &RequestHead) -> Vec<u8> {
     out.push(b' ');
     out.extend_from_slice(head.target.as_bytes());
     out.extend_from_slice(format!(" HTTP/1.{}\r\n", head.minor_version).as_bytes());
-    for (name, value) in &head.headers {
+    for (name, value) in head.headers.iter() {
         kvroute_io::http1::push_header(&mut out, name, value);
     }
     out.extend_from_slice(b"\r\n");
@@ -180,7 +180,7 @@ fn response(data: &[u8], method: &str) {
         .headers
         .iter()
         .filter(|(n, _)| !is_hop_by_hop(n))
-        .cloned()
+        .map(|(n, v)| (n.to_string(), v.to_vec()))
         .collect();
     let mut out = Vec::new();
     write_response_head(
@@ -204,7 +204,7 @@ fn response(data: &[u8], method: &str) {
         .headers
         .iter()
         .filter(|(n, _)| !is_hop_by_hop(n))
-        .cloned()
+        .map(|(n, v)| (n.to_string(), v.to_vec()))
         .collect();
     assert_eq!(back_kept, kept);
 }

@@ -512,18 +512,17 @@ impl Radix {
         bytes: &[u8],
         keys: Option<&[u64]>,
     ) -> Vec<(TenantId, usize)> {
-        let mut path = Vec::new();
-        self.walk(ns, bytes, keys, |node, units| path.push((node, units)));
         let mut depths: Vec<(TenantId, usize)> = Vec::new();
-        // Deepest first: a tenant's first appearance is its deepest node.
-        for &(node, units) in path.iter().rev() {
+        // The walk goes shallowest first and each node's units exceed the earlier ones', so
+        // a tenant's entry, kept sorted by tenant, ends at the deepest node listing it.
+        self.walk(ns, bytes, keys, |node, units| {
             for h in &self.node(node).holders {
-                if !depths.iter().any(|&(t, _)| t == h.tenant) {
-                    depths.push((h.tenant, units));
+                match depths.binary_search_by_key(&h.tenant, |&(t, _)| t) {
+                    Ok(i) => depths[i].1 = units,
+                    Err(i) => depths.insert(i, (h.tenant, units)),
                 }
             }
-        }
-        depths.sort_unstable();
+        });
         depths
     }
 

@@ -98,15 +98,25 @@ impl Pool {
     }
 }
 
-/// The names a `Connection` header lists (RFC 9110 §7.6.1: each is hop-by-hop for this
-/// message), lower-cased.
-fn connection_named<'a>(headers: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> Vec<Vec<u8>> {
-    headers
-        .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
-        .flat_map(|(_, v)| v.split(|&b| b == b','))
-        .map(|t| t.trim_ascii().to_ascii_lowercase())
-        .filter(|t| !t.is_empty())
-        .collect()
+/// A test of whether a header name is one that a `Connection` header of `headers` lists
+/// (RFC 9110 §7.6.1: each is hop-by-hop for this message), ASCII case-insensitively.
+/// Nearly every message lists only `keep-alive` (itself hop-by-hop, [`http1::is_hop_by_hop`])
+/// or `close` (no header's name): then the test is `false` without a scan. Otherwise it
+/// rescans the `Connection` headers per name instead of collecting them (a collected list
+/// cost an allocation per token per request).
+fn named_by_connection<'a, I: Iterator<Item = (&'a [u8], &'a [u8])>>(
+    headers: impl Fn() -> I,
+) -> impl Fn(&str) -> bool {
+    let listed = move |test: &dyn Fn(&[u8]) -> bool| {
+        headers().any(|(n, v)| {
+            n.eq_ignore_ascii_case(b"connection")
+                && v.split(|&b| b == b',').map(<[u8]>::trim_ascii).any(test)
+        })
+    };
+    let names_any = listed(&|t| {
+        !t.is_empty() && !t.eq_ignore_ascii_case(b"keep-alive") && !t.eq_ignore_ascii_case(b"close")
+    });
+    move |name: &str| names_any && listed(&|t| t.eq_ignore_ascii_case(name.as_bytes()))
 }
 
 /// Builds the request sent to `worker`: the client's method and target, its end-to-end
@@ -129,16 +139,16 @@ pub fn build_request(
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     http1::push_header(&mut out, "host", worker.authority.as_bytes());
-    let named = connection_named(
+    let named = named_by_connection(|| {
         parts
             .headers
             .iter()
-            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
-    );
+            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+    });
     for (name, value) in &parts.headers {
         let n = name.as_str();
         if http1::is_hop_by_hop(n)
-            || named.iter().any(|x| x.as_slice() == n.as_bytes())
+            || named(n)
             || n == "x-request-id"
             || (n == "authorization" && (worker.api_key.is_some() || strip_client_auth))
         {
@@ -171,16 +181,15 @@ const X_KVROUTE: &str = "x-kvroute-";
 /// named in its `Connection` header, and any `x-kvroute-*` or `x-request-id` it set removed
 /// (kvroute sets those itself). Headers the `http` types refuse are dropped.
 pub fn response_headers(head: &ResponseHead) -> Vec<(http::HeaderName, http::HeaderValue)> {
-    let named = connection_named(
-        head.headers
-            .iter()
-            .map(|(n, v)| (n.as_bytes(), v.as_slice())),
-    );
-    head.headers
-        .iter()
+    let named = named_by_connection(|| head.headers.iter().map(|(n, v)| (n.as_bytes(), v)));
+    // Room for the headers the exchange adds after these (extra ones, the worker's id).
+    let mut out = Vec::with_capacity(head.headers.len() + 4);
+    let kept = head
+        .headers
+        .shared()
         .filter(|(n, _)| {
             !http1::is_hop_by_hop(n)
-                && !named.iter().any(|x| x.eq_ignore_ascii_case(n.as_bytes()))
+                && !named(n)
                 && !n
                     .get(..X_KVROUTE.len())
                     .is_some_and(|p| p.eq_ignore_ascii_case(X_KVROUTE))
@@ -189,10 +198,11 @@ pub fn response_headers(head: &ResponseHead) -> Vec<(http::HeaderName, http::Hea
         .filter_map(|(n, v)| {
             Some((
                 http::HeaderName::from_bytes(n.as_bytes()).ok()?,
-                http::HeaderValue::from_bytes(v).ok()?,
+                http::HeaderValue::from_maybe_shared(v).ok()?,
             ))
-        })
-        .collect()
+        });
+    out.extend(kept);
+    out
 }
 
 /// Sends `request` to `worker` and reads the response head (skipping 1xx) and, when the

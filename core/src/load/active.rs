@@ -277,6 +277,7 @@ const WORDS: usize = 19;
 /// worker's view; the mutex's lock and unlock, a read-modify-write each on a line not in
 /// cache, were a third of `Workers::snapshot` at 4,096 workers (perf/runs/2026-12-02-fleet-2).
 #[derive(Debug, Default)]
+#[repr(align(64))]
 struct Published {
     seq: AtomicU64,
     words: [AtomicU64; WORDS],
@@ -331,8 +332,13 @@ impl Published {
         let s = self.seq.load(AtomicOrdering::Relaxed);
         self.seq.store(s.wrapping_add(1), AtomicOrdering::Relaxed);
         fence(AtomicOrdering::Release);
+        // Only the words that changed are stored: a store takes the line from the readers'
+        // caches, and the engine report's and the curve's words (7–18, two of the three
+        // lines) change only at a report or a first token, not at every book and free.
         for (slot, w) in self.words.iter().zip(words) {
-            slot.store(w, AtomicOrdering::Relaxed);
+            if slot.load(AtomicOrdering::Relaxed) != w {
+                slot.store(w, AtomicOrdering::Relaxed);
+            }
         }
         self.seq.store(s.wrapping_add(2), AtomicOrdering::Release);
     }

@@ -100,10 +100,10 @@ fn to_request(head: RequestHead, body: Vec<u8>, received: Instant) -> Result<Req
     let headers = b
         .headers_mut()
         .ok_or(HttpError::Malformed("invalid method or target"))?;
-    for (name, value) in head.headers {
+    for (name, value) in head.headers.shared() {
         let name = http::HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| HttpError::Malformed("invalid header name"))?;
-        let value = http::HeaderValue::from_bytes(&value)
+        let value = http::HeaderValue::from_maybe_shared(value)
             .map_err(|_| HttpError::Malformed("invalid header value"))?;
         headers.append(name, value);
     }
