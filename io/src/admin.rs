@@ -269,9 +269,8 @@ fn serve_admin(
     let body = &buf[len..len + body_len];
     let authorized = key.is_none_or(|k| {
         head.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case("authorization"))
-            .and_then(|(_, v)| bearer_token(v))
+            .get("authorization")
+            .and_then(bearer_token)
             .is_some_and(|given| constant_time_eq(given, k.as_bytes()))
     });
     let (status, answer) = if authorized {

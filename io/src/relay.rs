@@ -142,8 +142,8 @@ pub fn body_kind(framing: Framing) -> BodyKind {
 /// True when `head` announces an SSE stream.
 pub fn is_sse(head: &ResponseHead) -> bool {
     head.headers
-        .iter()
-        .any(|(n, v)| n.eq_ignore_ascii_case("content-type") && v.starts_with(b"text/event-stream"))
+        .get("content-type")
+        .is_some_and(|v| v.starts_with(b"text/event-stream"))
 }
 
 /// The SSE end of a stream whose worker failed: an OpenAI-style error event (the OpenAI SDKs

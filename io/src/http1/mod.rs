@@ -582,6 +582,34 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The lines come back in order, with their spelling, duplicates and empty values, the
+    /// shared values equal to the borrowed ones, and `get` finds the first of a name.
+    #[test]
+    fn headers_keep_every_line_in_order() {
+        let raw =
+            b"GET / HTTP/1.1\r\nX-A: 1\r\nx-b:\r\nX-A: two, 3\r\nContent-Type: text/plain\r\n\r\n";
+        let (head, _) = parse_request_head(raw, 65536).unwrap().unwrap();
+        let lines: Vec<(&str, &[u8])> = head.headers.iter().collect();
+        let want: [(&str, &[u8]); 4] = [
+            ("X-A", b"1"),
+            ("x-b", b""),
+            ("X-A", b"two, 3"),
+            ("Content-Type", b"text/plain"),
+        ];
+        assert_eq!(lines, want);
+        assert_eq!(head.headers.len(), 4);
+        let shared: Vec<(&str, Vec<u8>)> = head
+            .headers
+            .shared()
+            .map(|(n, v)| (n, v.to_vec()))
+            .collect();
+        assert_eq!(shared, want.map(|(n, v)| (n, v.to_vec())));
+        assert_eq!(head.headers.get("x-a"), Some(&b"1"[..]));
+        assert_eq!(head.headers.get("CONTENT-TYPE"), Some(&b"text/plain"[..]));
+        assert_eq!(head.headers.get("x-c"), None);
+        assert!(Headers::default().is_empty());
+    }
+
     #[test]
     fn request_head_content_length_and_keep_alive() {
         let raw =
