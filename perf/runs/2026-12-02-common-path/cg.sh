@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # cg.sh BIN NAME "FLAGS" [N]: callgrind instructions (Ir) per request of `kvroute serve --shards 1
 # FLAGS` over N requests (default 2000) after 300 warm-up ones, chat bodies of
-# perf/compare/chat.lua's shape (client.py), 4 nginx upstreams. Instruction counts are stable
+# perf/compare/chat.lua's shape (perf/runs/2026-12-01-proxy/client.py), 4 nginx upstreams. Instruction counts are stable
 # on this noisy machine where req/s and CPU time are not (they miss cross-core cache traffic).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -20,9 +20,9 @@ for _ in $(seq 1 100); do  # bounded: 100 × 0.3 s
     http://127.0.0.1:19051/v1/chat/completions && break
   sleep 0.3
 done
-python3 $here/client.py 19051 300
+python3 perf/runs/2026-12-01-proxy/client.py 19051 300
 callgrind_control -z $vp >/dev/null
-python3 $here/client.py 19051 "$n"
+python3 perf/runs/2026-12-01-proxy/client.py 19051 "$n"
 callgrind_control -d $vp >/dev/null
 sleep 1
 kill -9 $vp; wait $vp 2>/dev/null || true
