@@ -16,7 +16,8 @@
 # after round: its last round against its first is the state-growth ratio.
 # Prints per target the median req/s and CPU µs/request over the rounds and both as ratios
 # to nginx's (the median of each round's ratio: paired, so the machine's drift between rounds
-# cancels; odd rounds run the targets in order, even rounds in reverse), and writes every round to OUT/rounds.tsv and the summary to OUT/summary.tsv.
+# cancels; odd rounds run the targets in order, even rounds in reverse), and writes every
+# round to OUT/rounds.tsv and the summary to OUT/summary.tsv.
 #
 # With --rate R1,R2,..: also fixed-rate runs (`kvroute load`, latency from the scheduled
 # send time) through nginx and through kvroute (rr and token), p50/p99 per rate, and the

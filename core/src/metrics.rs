@@ -60,7 +60,7 @@ type Histograms = Family<Labels, ShardedHistogram, fn() -> ShardedHistogram>;
 type Counters = Family<Labels, ShardedCounter>;
 
 /// Upper bounds of every latency histogram's buckets, seconds (`+Inf` is added by
-/// prometheus-client). Where they come from: the 1–2.5–5 series of the Prometheus client
+/// [`ShardedHistogram`]). Where they come from: the 1–2.5–5 series of the Prometheus client
 /// libraries' default buckets (`DefBuckets`, 5 ms … 10 s), extended down to 100 µs so the
 /// router's own added time (tens of µs to a few ms) resolves, and up to 60 s for long
 /// generations; anything longer falls in `+Inf` (its exact share stays in `_sum`/`_count`).

@@ -514,7 +514,7 @@ impl<'de> Visitor<'de> for MessagesVisitor {
                     text.push_str("<|");
                     text.push_str(role.as_deref().unwrap_or(""));
                     text.push_str("|>");
-                    for part in content.iter() {
+                    for part in content.as_slice() {
                         text.push_str(part);
                     }
                 }
@@ -568,15 +568,14 @@ enum Texts<'a> {
     Parts(Vec<Cow<'a, str>>),
 }
 
-impl Texts<'_> {
+impl<'a> Texts<'a> {
     const NONE: Self = Texts::Parts(Vec::new());
 
-    fn iter(&self) -> impl Iterator<Item = &str> {
-        let (one, parts) = match self {
-            Texts::One(t) => (Some(t.as_ref()), &[][..]),
-            Texts::Parts(p) => (None, &p[..]),
-        };
-        one.into_iter().chain(parts.iter().map(|p| p.as_ref()))
+    fn as_slice(&self) -> &[Cow<'a, str>] {
+        match self {
+            Texts::One(t) => std::slice::from_ref(t),
+            Texts::Parts(p) => p,
+        }
     }
 }
 

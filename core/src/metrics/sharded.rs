@@ -71,14 +71,18 @@ impl EncodeMetric for ShardedCounter {
     }
 }
 
-/// A histogram's cell: observations, their sum (f64 bits) and one count per bucket, the
-/// last one `+Inf`.
-#[derive(Debug)]
+/// Most buckets of a [`ShardedHistogram`], `+Inf` included: the counts live inside the
+/// cell (a boxed slice per cell would put two cells' counts on one cache line).
+pub const MAX_BUCKETS: usize = 24;
+
+/// A histogram's cell: observations, their sum (f64 bits) and one count per bucket (the
+/// first `bounds.len() + 1` are used, the last of them `+Inf`).
+#[derive(Debug, Default)]
 #[repr(align(128))]
 struct HistogramCell {
     count: AtomicU64,
     sum: AtomicU64,
-    buckets: Box<[AtomicU64]>,
+    buckets: [AtomicU64; MAX_BUCKETS],
 }
 
 /// A histogram with fixed upper bounds (OpenMetrics `histogram`, classic buckets). Clones
@@ -93,17 +97,20 @@ pub struct ShardedHistogram {
 impl ShardedHistogram {
     /// Empty, with buckets at `bounds` (finite, ascending, as prometheus-client's
     /// `Histogram::new` takes them) and `+Inf`.
+    ///
+    /// # Panics
+    /// With [`MAX_BUCKETS`] or more bounds (a programming error: bounds are constants).
     pub fn new(bounds: &'static [f64]) -> Self {
+        assert!(
+            bounds.len() < MAX_BUCKETS,
+            "at most {} bounds",
+            MAX_BUCKETS - 1
+        );
         debug_assert!(
             bounds.windows(2).all(|w| w[0] < w[1]) && bounds.iter().all(|b| b.is_finite())
         );
-        let cells = (0..CELLS)
-            .map(|_| HistogramCell {
-                count: AtomicU64::new(0),
-                sum: AtomicU64::new(0f64.to_bits()),
-                buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            })
-            .collect();
+        // The sum starts at 0.0, whose bits are 0: a default cell is an empty one.
+        let cells = (0..CELLS).map(|_| HistogramCell::default()).collect();
         Self { bounds, cells }
     }
 

@@ -83,7 +83,7 @@ impl Headers {
     }
 
     /// `(name, value)` of every line, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> + Clone + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
         self.spans().map(|(n, v)| (&self.names[n], &self.values[v]))
     }
 
@@ -94,7 +94,7 @@ impl Headers {
     }
 
     /// The ranges of each line's name in `names` and value in `values`.
-    fn spans(&self) -> impl Iterator<Item = (Range<usize>, Range<usize>)> + Clone + '_ {
+    fn spans(&self) -> impl Iterator<Item = (Range<usize>, Range<usize>)> + '_ {
         let mut start = (0usize, 0usize);
         self.ends.iter().map(move |&(n, v)| {
             let (n, v) = (n as usize, v as usize);
