@@ -13,7 +13,8 @@
 #   token      kvroute serve --policy cache_aware --tokenizer builtin:qwen3 (token mode)
 # CPU per request is read from /proc/PID/stat (utime + stime of the proxy's processes) around
 # each run. Every server runs for the whole script, so the token server's state grows round
-# after round: its last round against its first is the state-growth ratio.
+# after round: its last round against its first is the state-growth ratio, printed raw and
+# paired (its last round's ratio to nginx over its first's: the machine's drift cancels).
 # Prints per target the median req/s and CPU µs/request over the rounds and both as ratios
 # to nginx's (the median of each round's ratio: paired, so the machine's drift between rounds
 # cancels; odd rounds run the targets in order, even rounds in reverse), and writes every
@@ -138,18 +139,22 @@ for t in targets:
     rs = [r for r in rows if r["target"] == t]
     rps = [float(r["req_per_s"]) for r in rs]
     cpu = [float(r["cpu_us_per_req"]) for r in rs if r["cpu_us_per_req"] != "-"]
+    rr = ratios(t, "req_per_s")
+    # State growth: the last round against the first, raw and paired (each round's ratio
+    # to nginx), so that the machine slowing down over the script is not read as growth.
     summary[t] = (med(rps), med(cpu) if cpu else None, sum(int(r["errors"]) for r in rs),
                   rps[-1] / rps[0] if rps and rps[0] else float("nan"),
-                  ratios(t, "req_per_s"), ratios(t, "cpu_us_per_req"))
-lines = ["target\treq_per_s\tvs_nginx\tvs_nginx_min\tvs_nginx_max\tcpu_us_per_req\tcpu_vs_nginx\terrors\tlast_over_first"]
+                  rr, ratios(t, "cpu_us_per_req"),
+                  rr[-1] / rr[0] if len(rr) == rounds and rr[0] else float("nan"))
+lines = ["target\treq_per_s\tvs_nginx\tvs_nginx_min\tvs_nginx_max\tcpu_us_per_req\tcpu_vs_nginx\terrors\tlast_over_first\tlast_over_first_paired"]
 print(f"\nmedians of {rounds} interleaved rounds; x nginx: median of the per-round ratios (range)")
-print(f"{'target':<8} {'req/s':>9} {'× nginx':>8} {'range':>11} {'CPU µs/req':>11} {'× nginx':>8} {'errors':>7} {'last/first':>10}")
-for t, (rps, cpu, errs, growth, rr, cr) in summary.items():
+print(f"{'target':<8} {'req/s':>9} {'× nginx':>8} {'range':>11} {'CPU µs/req':>11} {'× nginx':>8} {'errors':>7} {'last/first':>10} {'paired':>7}")
+for t, (rps, cpu, errs, growth, rr, cr, paired) in summary.items():
     cpu_s = f"{cpu:.1f}" if cpu is not None else "-"
     cpu_r = f"{med(cr):.2f}" if cr else "-"
     rng = f"{min(rr):.2f}-{max(rr):.2f}"
-    print(f"{t:<8} {rps:>9.0f} {med(rr):>8.2f} {rng:>11} {cpu_s:>11} {cpu_r:>8} {errs:>7} {growth:>10.2f}")
-    lines.append(f"{t}\t{rps:.0f}\t{med(rr):.3f}\t{min(rr):.3f}\t{max(rr):.3f}\t{cpu_s}\t{cpu_r}\t{errs}\t{growth:.3f}")
+    print(f"{t:<8} {rps:>9.0f} {med(rr):>8.2f} {rng:>11} {cpu_s:>11} {cpu_r:>8} {errs:>7} {growth:>10.2f} {paired:>7.2f}")
+    lines.append(f"{t}\t{rps:.0f}\t{med(rr):.3f}\t{min(rr):.3f}\t{max(rr):.3f}\t{cpu_s}\t{cpu_r}\t{errs}\t{growth:.3f}\t{paired:.3f}")
 open(f"{out}/summary.tsv", "w").write("\n".join(lines) + "\n")
 EOF
 echo "wrote $out/rounds.tsv and $out/summary.tsv"

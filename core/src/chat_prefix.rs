@@ -559,15 +559,15 @@ fn native(t: Option<&mut IncrementalTokenizer>) -> Option<&mut IncrementalTokeni
 impl ShardTokenizers {
     /// The hit path (module doc, steps 1–4): `None` when no cached prefix applies or anything
     /// is out of scope; the caller then takes the full path, which parses again and reports
-    /// errors. `tokenize(key)` says whether the request is to be tokenized at all (a known
+    /// errors. `tokenize(model)` says whether the request is to be tokenized at all (a known
     /// model); when it says no, the key is returned in text mode. Else the key carries its
-    /// ids, and the second value is the prefix tokens reused.
+    /// ids and no text, and the second value is the prefix tokens reused.
     /// `cands` are [`candidates`] of `body`.
     pub(crate) fn route_cached(
         &mut self,
         body: &[u8],
         cands: &[(usize, u128)],
-        tokenize: &dyn Fn(&RouteKey) -> bool,
+        tokenize: &dyn Fn(&str) -> bool,
     ) -> Option<Result<(RouteKey, usize), CoreError>> {
         let prefix = lock(&self.chat).lookup(cands)?;
         let layout = scan_rest(body, prefix.bytes, prefix.key)?;
@@ -577,8 +577,9 @@ impl ShardTokenizers {
             return None;
         }
         let mut fields = parse_fields(&others).ok()?;
-        let mut text = String::with_capacity(prefix.text_len + body.len() - prefix.bytes);
-        prefix.text.push_head(prefix.text_len, &mut text);
+        // The new messages' routing text only: a key that gets ids carries no text, so the
+        // cached text is copied out only for a key left in text mode.
+        let mut new_text = String::with_capacity(body.len() - prefix.bytes);
         let first = prefix.messages;
         let count = first + parsed.msgs.len();
         let mut b = Boundaries::default();
@@ -587,15 +588,22 @@ impl ShardTokenizers {
             &layout,
             first,
             prefix.last_query,
-            Some(&mut text),
+            (prefix.text_len, Some(&mut new_text)),
             &mut b,
         );
-        fields.messages = Some(Messages::List(text, Vec::new()));
+        fields.messages = Some(Messages::List(String::new(), Vec::new()));
         let mut key = match key_from_fields(Endpoint::ChatCompletions, fields) {
             Ok(k) => k,
             Err(e) => return Some(Err(e)),
         };
-        if !tokenize(&key) {
+        let whole_text = |new: &str| {
+            let mut text = String::with_capacity(prefix.text_len + new.len());
+            prefix.text.push_head(prefix.text_len, &mut text);
+            text.push_str(new);
+            text
+        };
+        if !tokenize(&key.model) {
+            key.text = whole_text(&new_text);
             return Some(Ok((key, 0)));
         }
         let chat = Arc::clone(&self.chat);
@@ -625,26 +633,21 @@ impl ShardTokenizers {
             .get()
             .map(|k| (Arc::clone(k), prefix.tokens));
         key.block_key_memo = BlockKeyMemo::new(reuse, Arc::clone(&slot));
+        let own_ids = ids[prefix.tokens..upto].to_vec();
+        if ids.is_empty() {
+            key.text = whole_text(&new_text);
+        } else {
+            key.input_ids = Some(ids);
+            key.token_source = TokenSource::Prompt;
+        }
         let cached = Cached {
             key: prefix.key,
             tokenizer: t.cache_id(),
             block_keys: slot,
-            ids: Chain::extend(
-                &prefix.ids,
-                prefix.tokens,
-                ids[prefix.tokens..upto].to_vec(),
-            ),
-            text: Chain::extend(
-                &prefix.text,
-                prefix.text_len,
-                key.text[prefix.text_len..].to_string(),
-            ),
+            ids: Chain::extend(&prefix.ids, prefix.tokens, own_ids),
+            text: Chain::extend(&prefix.text, prefix.text_len, new_text),
         };
         insert(&chat, body, cands, &b, first, cached);
-        key.input_ids = Some(ids).filter(|v| !v.is_empty());
-        if key.input_ids.is_some() {
-            key.token_source = TokenSource::Prompt;
-        }
         Some(Ok((key, prefix.tokens)))
     }
 
@@ -670,7 +673,7 @@ impl ShardTokenizers {
         let chat = Arc::clone(&self.chat);
         let t = native(self.for_model(&key.model))?;
         let mut b = Boundaries::default();
-        let last_query_all = flatten(&parsed, &layout, 0, None, None, &mut b);
+        let last_query_all = flatten(&parsed, &layout, 0, None, (0, None), &mut b);
         // The same flattening as route_key's (a check, not an expectation of a difference).
         if b.text_len.last() != Some(&key.text.len()) {
             return None;
@@ -717,11 +720,15 @@ impl ShardTokenizers {
             tokenizer: t.cache_id(),
             block_keys: slot,
             ids: Chain::root(ids[..upto].to_vec()),
-            text: Chain::root(key.text.clone()),
+            text: Chain::root(if ids.is_empty() {
+                key.text.clone()
+            } else {
+                std::mem::take(&mut key.text)
+            }),
         };
         insert(&chat, body, cands, &b, 0, cached);
-        key.input_ids = Some(ids).filter(|v| !v.is_empty());
-        if key.input_ids.is_some() {
+        if !ids.is_empty() {
+            key.input_ids = Some(ids);
             key.token_source = TokenSource::Prompt;
         }
         Some(Ok(reused))
@@ -776,19 +783,19 @@ impl Boundaries {
 }
 
 /// The routing text of messages `parsed.msgs` (message `first + j` each) as
-/// [`crate::route_key::route_key`] flattens them: `<|role|>` + content, appended to `text`
-/// when given (a message in scope has string content, so no media keys). Notes each message
-/// end in `b`, text lengths counted from `b`'s last; returns the index of the last real user
-/// query, `last_query` if none is new.
+/// [`crate::route_key::route_key`] flattens them: `<|role|>` + content. `text` is
+/// `(bytes of routing text before them, the string to append theirs to, if any)` (a message
+/// in scope has string content, so no media keys). Notes each message end in `b`, its text
+/// length counted from the bytes before; returns the index of the last real user query,
+/// `last_query` if none is new.
 fn flatten(
     parsed: &Parsed<'_>,
     layout: &Layout,
     first: usize,
     mut last_query: Option<usize>,
-    mut text: Option<&mut String>,
+    (mut len, mut text): (usize, Option<&mut String>),
     b: &mut Boundaries,
 ) -> Option<usize> {
-    let mut len = text.as_ref().map_or(0, |t| t.len());
     for (j, (m, &(_, end))) in parsed.msgs.iter().zip(&layout.elems).enumerate() {
         if let Some(t) = text.as_mut() {
             t.push_str("<|");
@@ -874,10 +881,14 @@ mod tests {
         Tokenizers::new(Some(qwen().clone()), Vec::new(), budget).for_shard()
     }
 
-    /// The full path: route_key then attach, with its own tokenizers.
+    /// The full path: route_key then attach, with its own tokenizers; a key with ids then has
+    /// no text, as `ShardTokenizers::route` documents.
     fn reference(r: &mut ShardTokenizers, body: &[u8]) -> Result<(RouteKey, bool), CoreError> {
         let mut key = route_key(Endpoint::ChatCompletions, body)?;
         let a = r.attach(Endpoint::ChatCompletions, body, None, &mut key);
+        if key.input_ids.is_some() {
+            key.text.clear();
+        }
         Ok((key, a.prompt_error.is_some()))
     }
 
@@ -899,6 +910,40 @@ mod tests {
 
     fn stats(s: &ShardTokenizers) -> (u64, u64) {
         lock(&s.chat).hits_misses()
+    }
+
+    #[test]
+    fn a_hit_left_in_text_mode_has_the_whole_text_and_a_token_hit_none() {
+        let mut s = shard(1 << 20);
+        let sys = json!({"role": "system", "content": "Be brief."});
+        let q1 = json!({"role": "user", "content": "Hi"});
+        let b1 = serde_json::to_vec(&json!({"model": "m", "messages": [sys, q1]})).unwrap();
+        routed(&mut s, &b1).unwrap();
+        let a = json!({"role": "assistant", "content": "Hello!"});
+        let q2 = json!({"role": "user", "content": "2+2?"});
+        let b2 = serde_json::to_vec(&json!({"model": "m", "messages": [sys, q1, a, q2]})).unwrap();
+        let asked = std::cell::RefCell::new(Vec::new());
+        let no = |m: &str| {
+            asked.borrow_mut().push(m.to_string());
+            false
+        };
+        let (text_key, _) = s.route(Endpoint::ChatCompletions, &b2, None, &no).unwrap();
+        assert_eq!(stats(&s), (1, 1), "a hit");
+        assert_eq!(*asked.borrow(), ["m"]);
+        assert_eq!(text_key, route_key(Endpoint::ChatCompletions, &b2).unwrap());
+        assert_eq!(
+            text_key.text,
+            "<|system|>Be brief.<|user|>Hi<|assistant|>Hello!<|user|>2+2?"
+        );
+        let (token_key, a2) = routed(&mut s, &b2).unwrap();
+        assert_eq!(stats(&s), (2, 1));
+        assert!(a2.reused > 0);
+        assert_eq!(
+            (token_key.text.as_str(), token_key.token_source),
+            ("", TokenSource::Prompt)
+        );
+        let mut r = shard(0);
+        assert_eq!((token_key, false), reference(&mut r, &b2).unwrap());
     }
 
     #[test]

@@ -35,7 +35,8 @@ pub struct RouteKey {
     /// string, or the `text` of its `type: "text"` parts), so turn N+1's text extends turn N's
     /// and two conversations that share only a system prompt diverge right after it (bug
     /// B19). Completions: `prompt` (first of a batch). Generate: `text` (first of a batch).
-    /// Empty when the request carries only token ids.
+    /// Empty when the request carries only token ids, and once
+    /// [`crate::tokens::ShardTokenizers::route`] attached ids (token mode reads only those).
     pub text: String,
     /// Token ids, first sequence of a batch. [`route_key`] sets them when the body carries
     /// them (`input_ids` of `/generate`, or a token-id `prompt` of `/v1/completions`);

@@ -330,15 +330,14 @@ fn parse_and_tokenize(
 ) -> Result<RouteKey, kvroute_core::CoreError> {
     let shared = &ctx.shared;
     let header = req.header(ROUTING_TOKENS_HEADER);
-    let accepted = |k: &RouteKey| {
-        (!k.model.is_empty() || endpoint == Endpoint::Generate)
-            && shared.workers.knows_model(&k.model)
+    let accepted = |model: &str| {
+        (!model.is_empty() || endpoint == Endpoint::Generate) && shared.workers.knows_model(model)
     };
     let (key, attached) = ctx
         .tokens
         .borrow_mut()
         .route(endpoint, &req.body, header, &accepted)?;
-    if !accepted(&key) {
+    if !accepted(&key.model) {
         return Ok(key);
     }
     if let Some(why) = attached.header_rejected {

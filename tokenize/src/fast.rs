@@ -57,6 +57,11 @@ pub struct FastEncoder {
 /// special tokens.
 const SELF_CHECK: &str = "<|im_start|>system\nYou're a helper; it's 42, isn't it?\n\n  Code:\n\tfn x() { return 1234567; }\r\n\r\n<|im_end|>\n<|im_start|>user\nHELLO 'LL 'Re   spaces   \n\n\n end.  !!?? --> [a](b) 3.14e-10 <think>\n\n</think>\n\n<|im_end|>\n<|im_start|>assistant\n  ";
 
+/// Pre-tokens whose vocabulary slots are prefetched together ([`ByteBpe::prefetch`]): enough
+/// to cover a cache miss's latency with the pre-tokenizing and merging of the batch before,
+/// few enough that the lines stay in L1 (16 × 64 B).
+const PREFETCH_WORDS: usize = 16;
+
 impl FastEncoder {
     /// The fast path of `inner` with `digits`, or `None` when building it fails or its ids
     /// differ from HF's on [`SELF_CHECK`]. The caller must only call this for a pipeline it
@@ -131,21 +136,35 @@ impl FastEncoder {
         let model = inner.get_model();
         let mut word = String::with_capacity(32);
         let bytes = piece.as_bytes();
+        let mut ends = [0usize; PREFETCH_WORDS];
         let mut i = 0;
         while i < bytes.len() {
-            let end = next_pre_token(bytes, i, self.digits);
-            let merged = self
-                .bpe
-                .as_ref()
-                .is_some_and(|bpe| bpe.push_word(&bytes[i..end], ids));
-            if !merged {
-                word.clear();
-                word.extend(bytes[i..end].iter().map(|&b| self.byte_char[b as usize]));
-                for t in model.tokenize(&word).map_err(|e| e.to_string())? {
-                    ids.push(t.id);
+            // A batch of pre-tokens: their table slots are prefetched together, then the
+            // words are merged in order.
+            let (mut n, mut j) = (0, i);
+            while n < PREFETCH_WORDS && j < bytes.len() {
+                let end = next_pre_token(bytes, j, self.digits);
+                if let Some(bpe) = &self.bpe {
+                    bpe.prefetch(&bytes[j..end]);
                 }
+                ends[n] = end;
+                n += 1;
+                j = end;
             }
-            i = end;
+            for &end in &ends[..n] {
+                let merged = self
+                    .bpe
+                    .as_ref()
+                    .is_some_and(|bpe| bpe.push_word(&bytes[i..end], ids));
+                if !merged {
+                    word.clear();
+                    word.extend(bytes[i..end].iter().map(|&b| self.byte_char[b as usize]));
+                    for t in model.tokenize(&word).map_err(|e| e.to_string())? {
+                        ids.push(t.id);
+                    }
+                }
+                i = end;
+            }
         }
         Ok(())
     }
