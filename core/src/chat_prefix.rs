@@ -153,8 +153,9 @@ impl<S: Seq> Chain<S> {
         self.parent.as_ref().map_or(0, |p| p.1) + self.own.seq_len()
     }
 
-    /// Appends the chain's first `n` items (`n <= self.len()`) to `out`.
-    fn push_head(&self, mut n: usize, out: &mut S) {
+    /// The links holding the chain's first `n` items (`n <= self.len()`), last first: each
+    /// link's own items and how many of them are read.
+    fn segments(&self, mut n: usize) -> ([Option<(&S, usize)>; MAX_LINKS], usize) {
         let mut segments: [Option<(&S, usize)>; MAX_LINKS] = [None; MAX_LINKS];
         let mut count = 0;
         let mut link = Some(self);
@@ -170,6 +171,12 @@ impl<S: Seq> Chain<S> {
                 break;
             }
         }
+        (segments, count)
+    }
+
+    /// Appends the chain's first `n` items (`n <= self.len()`) to `out`.
+    fn push_head(&self, n: usize, out: &mut S) {
+        let (segments, count) = self.segments(n);
         for (own, k) in segments[..count].iter().rev().flatten() {
             own.push_head(*k, out);
         }
@@ -191,6 +198,28 @@ impl<S: Seq> Chain<S> {
         parent.push_head(n, &mut all);
         own.push_head(own.seq_len(), &mut all);
         Self::root(all)
+    }
+}
+
+impl Chain<Vec<u32>> {
+    /// The chain's first `n` ids (`n <= self.len()`) then `tail`, in one shared buffer of
+    /// exactly their length: one copy of each id (what a request's key holds, and the indexes
+    /// then share without copying).
+    fn head_then(&self, n: usize, tail: &[u32]) -> Arc<[u32]> {
+        let (segments, count) = self.segments(n);
+        let mut out = Arc::<[u32]>::new_uninit_slice(n + tail.len());
+        let dst = Arc::get_mut(&mut out).expect("a new Arc has no other owner");
+        let mut at = 0;
+        let parts = segments[..count].iter().rev().flatten();
+        for part in parts.map(|(own, k)| &own[..*k]).chain([tail]) {
+            dst[at..at + part.len()].write_copy_of_slice(part);
+            at += part.len();
+        }
+        assert_eq!(at, dst.len(), "the segments cover the head");
+        // SAFETY: the segments hold `n` ids (`segments` reads exactly the first `n`), so the
+        // writes above initialised `dst[..n]` and then `dst[n..]` from `tail`, every element
+        // exactly once (the assert checks the count).
+        unsafe { out.assume_init() }
     }
 }
 
@@ -611,21 +640,22 @@ impl ShardTokenizers {
         if t.cache_id() != prefix.tokenizer {
             return None;
         }
-        let mut ids = Vec::with_capacity(prefix.tokens + (body.len() - prefix.bytes) / 3 + 8);
-        prefix.ids.push_head(prefix.tokens, &mut ids);
+        // The new messages' ids, then the generation prompt's; the key's ids are the cached
+        // prefix's then these, copied once into their shared buffer.
+        let mut new_ids = Vec::with_capacity((body.len() - prefix.bytes) / 3 + 8);
         let mut rendered = String::new();
         for (j, m) in parsed.msgs.iter().enumerate() {
             rendered.clear();
             let wrapped = native::think_wrapped(m, first + j, count, last_query);
             native::render_message(&mut rendered, m, wrapped);
-            ids.extend(t.tokenizer().try_encode(&rendered).ok()?);
-            b.push_tokens(ids.len(), wrapped);
+            new_ids.extend(t.tokenizer().try_encode(&rendered).ok()?);
+            b.push_tokens(prefix.tokens + new_ids.len(), wrapped);
         }
-        let upto = ids.len();
+        let upto = new_ids.len();
         rendered.clear();
         native::render_generation(&mut rendered, parsed.opts);
         if !rendered.is_empty() {
-            ids.extend(t.tokenizer().try_encode(&rendered).ok()?);
+            new_ids.extend(t.tokenizer().try_encode(&rendered).ok()?);
         }
         let slot = Arc::new(OnceLock::new());
         let reuse = prefix
@@ -633,18 +663,18 @@ impl ShardTokenizers {
             .get()
             .map(|k| (Arc::clone(k), prefix.tokens));
         key.block_key_memo = BlockKeyMemo::new(reuse, Arc::clone(&slot));
-        let own_ids = ids[prefix.tokens..upto].to_vec();
-        if ids.is_empty() {
+        if prefix.tokens + new_ids.len() == 0 {
             key.text = whole_text(&new_text);
         } else {
-            key.input_ids = Some(ids);
+            key.input_ids = Some(prefix.ids.head_then(prefix.tokens, &new_ids));
             key.token_source = TokenSource::Prompt;
         }
+        new_ids.truncate(upto);
         let cached = Cached {
             key: prefix.key,
             tokenizer: t.cache_id(),
             block_keys: slot,
-            ids: Chain::extend(&prefix.ids, prefix.tokens, own_ids),
+            ids: Chain::extend(&prefix.ids, prefix.tokens, new_ids),
             text: Chain::extend(&prefix.text, prefix.text_len, new_text),
         };
         insert(&chat, body, cands, &b, first, cached);
@@ -728,7 +758,7 @@ impl ShardTokenizers {
         };
         insert(&chat, body, cands, &b, 0, cached);
         if !ids.is_empty() {
-            key.input_ids = Some(ids);
+            key.input_ids = Some(ids.into());
             key.token_source = TokenSource::Prompt;
         }
         Some(Ok(reused))
@@ -910,6 +940,29 @@ mod tests {
 
     fn stats(s: &ShardTokenizers) -> (u64, u64) {
         lock(&s.chat).hits_misses()
+    }
+
+    #[test]
+    fn head_then_equals_push_head_then_the_tail() {
+        // Links of 3, 0, 4 and 2 ids, then an edited link (a root copy): every head length
+        // of each, with and without a tail.
+        let root = Arc::new(Chain::root(vec![1u32, 2, 3]));
+        let empty = Arc::new(Chain::extend(&root, 3, Vec::new()));
+        let four = Arc::new(Chain::extend(&empty, 3, vec![4, 5, 6, 7]));
+        let two = Arc::new(Chain::extend(&four, 7, vec![8, 9]));
+        let edited = Arc::new(Chain::extend(&two, 5, vec![10]));
+        assert_eq!((two.links, edited.links), (4, 1));
+        for chain in [&root, &empty, &four, &two, &edited] {
+            for n in 0..=chain.len() {
+                for tail in [&[][..], &[42, 43][..]] {
+                    let mut want = Vec::new();
+                    chain.push_head(n, &mut want);
+                    want.extend_from_slice(tail);
+                    assert_eq!(chain.head_then(n, tail)[..], want[..], "n {n}");
+                }
+            }
+        }
+        assert_eq!(edited.head_then(6, &[])[..], [1, 2, 3, 4, 5, 10]);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use serde::de::{
 };
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 /// The inference endpoints kvroute routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,8 +43,8 @@ pub struct RouteKey {
     /// them (`input_ids` of `/generate`, or a token-id `prompt` of `/v1/completions`);
     /// [`crate::tokens`] then fills them from the `x-kvroute-routing-tokens` header or the
     /// rendered and tokenized prompt when a tokenizer is configured. `Some` → token-mode
-    /// routing.
-    pub input_ids: Option<Vec<u32>>,
+    /// routing. Shared, so that recording them in an index costs no copy.
+    pub input_ids: Option<Arc<[u32]>>,
     /// Where `input_ids` came from.
     pub token_source: TokenSource,
     /// Cache partition: [`namespace_hash`] of `cache_salt`, `extra_key` and the LoRA adapter
@@ -174,7 +175,7 @@ pub(crate) fn key_from_fields(endpoint: Endpoint, f: Fields<'_>) -> Result<Route
             None | Some(Prompt::Null) => return Err(CoreError::MissingField { field: "prompt" }),
             Some(Prompt::Text(t)) => key.text = t.into_owned(),
             Some(Prompt::Empty) => {}
-            Some(Prompt::Ids(ids)) => key.input_ids = Some(ids),
+            Some(Prompt::Ids(ids)) => key.input_ids = Some(ids.into()),
             Some(Prompt::Invalid) => {
                 return Err(CoreError::WrongType {
                     field: "prompt",
@@ -185,7 +186,8 @@ pub(crate) fn key_from_fields(endpoint: Endpoint, f: Fields<'_>) -> Result<Route
         Endpoint::Generate => {
             match f.input_ids {
                 None | Some(Prompt::Null) | Some(Prompt::Empty) => {}
-                Some(Prompt::Ids(ids)) => key.input_ids = Some(ids).filter(|v| !v.is_empty()),
+                Some(Prompt::Ids(ids)) if !ids.is_empty() => key.input_ids = Some(ids.into()),
+                Some(Prompt::Ids(_)) => {}
                 Some(Prompt::Text(_)) | Some(Prompt::Invalid) => {
                     return Err(CoreError::WrongType {
                         field: "input_ids",
@@ -1053,12 +1055,18 @@ mod tests {
         let c = |b| key(Endpoint::Completions, b);
         assert_eq!(c(r#"{"prompt":"abc","model":"m"}"#).text, "abc");
         assert_eq!(c(r#"{"prompt":["a","b"]}"#).text, "a");
-        assert_eq!(c(r#"{"prompt":[1,2,3]}"#).input_ids, Some(vec![1, 2, 3]));
+        assert_eq!(
+            c(r#"{"prompt":[1,2,3]}"#).input_ids,
+            Some(vec![1, 2, 3].into())
+        );
         assert_eq!(c(r#"{"prompt":[1,2,3]}"#).text, "");
-        assert_eq!(c(r#"{"prompt":[[4,5],[6]]}"#).input_ids, Some(vec![4, 5]));
+        assert_eq!(
+            c(r#"{"prompt":[[4,5],[6]]}"#).input_ids,
+            Some(vec![4, 5].into())
+        );
         assert_eq!(
             c(r#"{"prompt":[4294967295]}"#).input_ids,
-            Some(vec![u32::MAX])
+            Some(vec![u32::MAX].into())
         );
         assert_eq!(c(r#"{"prompt":[]}"#), RouteKey::default());
     }
@@ -1067,14 +1075,20 @@ mod tests {
     fn generate_shapes() {
         let g = |b| key(Endpoint::Generate, b);
         let k = g(r#"{"text":"t","input_ids":[7,8],"sampling_params":{"max_new_tokens":1}}"#);
-        assert_eq!((k.text.as_str(), k.input_ids), ("t", Some(vec![7, 8])));
-        assert_eq!(g(r#"{"input_ids":[[9],[1]]}"#).input_ids, Some(vec![9]));
+        assert_eq!(
+            (k.text.as_str(), k.input_ids),
+            ("t", Some(vec![7, 8].into()))
+        );
+        assert_eq!(
+            g(r#"{"input_ids":[[9],[1]]}"#).input_ids,
+            Some(vec![9].into())
+        );
         assert_eq!(g(r#"{"text":["x","y"]}"#).text, "x");
         assert_eq!(g(r#"{"text":"x","input_ids":null}"#).input_ids, None);
         assert_eq!(g(r#"{"text":"x","input_ids":[]}"#).input_ids, None);
         assert_eq!(
             g(r#"{"text":null,"input_ids":[3]}"#).input_ids,
-            Some(vec![3])
+            Some(vec![3].into())
         );
     }
 

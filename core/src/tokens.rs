@@ -370,7 +370,7 @@ impl ShardTokenizers {
         if let Some(value) = header {
             match parse_routing_tokens(value) {
                 Ok(ids) => {
-                    key.input_ids = Some(ids);
+                    key.input_ids = Some(ids.into());
                     key.token_source = TokenSource::Header;
                     return out;
                 }
@@ -393,7 +393,7 @@ impl ShardTokenizers {
         match inc.encode(&text, key.namespace) {
             Ok(enc) if !enc.ids.is_empty() => {
                 out.reused_tokens = enc.reused_tokens;
-                key.input_ids = Some(enc.ids);
+                key.input_ids = Some(enc.ids.into());
                 key.token_source = TokenSource::Prompt;
             }
             Ok(_) => {}
@@ -483,7 +483,7 @@ mod tests {
         );
         assert_eq!(
             (k.input_ids, k.token_source),
-            (Some(vec![5, 6]), TokenSource::Body)
+            (Some(vec![5, 6].into()), TokenSource::Body)
         );
         let (k, _) = attach(
             &mut s,
@@ -493,7 +493,7 @@ mod tests {
         );
         assert_eq!(
             (k.input_ids, k.token_source),
-            (Some(vec![1, 2]), TokenSource::Header)
+            (Some(vec![1, 2].into()), TokenSource::Header)
         );
         let (k, a) = attach(
             &mut s,
@@ -504,7 +504,7 @@ mod tests {
         assert_eq!(a.header_rejected, Some(HeaderRejection::Malformed));
         assert_eq!(
             (k.input_ids, k.token_source),
-            (Some(vec![14990]), TokenSource::Prompt)
+            (Some(vec![14990].into()), TokenSource::Prompt)
         );
         let (k, _) = attach(
             &mut s,
@@ -512,7 +512,7 @@ mod tests {
             r#"{"model":"qwen3:lora-a","prompt":"Hello, world!"}"#,
             None,
         );
-        assert_eq!(k.input_ids, Some(vec![9707, 11, 1879, 0]));
+        assert_eq!(k.input_ids, Some(vec![9707, 11, 1879, 0].into()));
     }
 
     /// traces.md §3: a chat with one user message is `[151644, 872, 198] ++ text ++
@@ -528,7 +528,7 @@ mod tests {
         let mut want = vec![151644, 872, 198];
         want.extend([27402, 43730, 31431, 89745, 30854, 88631, 47106, 31127]);
         want.extend([151645, 198, 151644, 77091, 198]);
-        assert_eq!(k.input_ids, Some(want));
+        assert_eq!(k.input_ids, Some(want.into()));
         assert_eq!((k.token_source, a.reused_tokens), (TokenSource::Prompt, 0));
         // The text key is still there for text-mode consumers.
         assert_eq!(k.text, format!("<|user|>{text}"));
@@ -614,6 +614,6 @@ mod tests {
         assert_eq!(a2.reused_tokens, ids1.len() - 3);
         assert_eq!(ids2[..ids1.len() - 3], ids1[..ids1.len() - 3]);
         let full = qwen().encode(&qwen().render_chat_body(t2.as_bytes()).unwrap());
-        assert_eq!(ids2, full);
+        assert_eq!(ids2[..], full[..]);
     }
 }

@@ -285,7 +285,7 @@ fn reference(ep: Endpoint, tree: &J) -> Result<RouteKey, CoreError> {
             None | Some(Prompt::Null) => return Err(CoreError::MissingField { field: "prompt" }),
             Some(Prompt::Text(t)) => key.text = t,
             Some(Prompt::Empty) => {}
-            Some(Prompt::Ids(ids)) => key.input_ids = Some(ids),
+            Some(Prompt::Ids(ids)) => key.input_ids = Some(ids.into()),
             Some(Prompt::Invalid) => {
                 return Err(CoreError::WrongType {
                     field: "prompt",
@@ -296,7 +296,7 @@ fn reference(ep: Endpoint, tree: &J) -> Result<RouteKey, CoreError> {
         Endpoint::Generate => {
             match last(o, "input_ids").map(prompt) {
                 None | Some(Prompt::Null | Prompt::Empty) => {}
-                Some(Prompt::Ids(ids)) => key.input_ids = Some(ids).filter(|v| !v.is_empty()),
+                Some(Prompt::Ids(ids)) => key.input_ids = Some(ids).filter(|v| !v.is_empty()).map(Into::into),
                 Some(Prompt::Text(_) | Prompt::Invalid) => {
                     return Err(CoreError::WrongType {
                         field: "input_ids",

@@ -349,7 +349,7 @@ fn parse_and_tokenize(
     shared.metrics.on_token_source(
         key.token_source.as_str(),
         attached.reused_tokens,
-        key.input_ids.as_ref().map_or(0, Vec::len),
+        key.input_ids.as_ref().map_or(0, |ids| ids.len()),
     );
     if let Some(tap) = shared.key_tap.get()
         && let Ok(mut keys) = tap.lock()

@@ -119,7 +119,7 @@ fn chat_turns_router_ids_and_block_keys_match_the_engine() {
             &tok.render_chat(&Value::Array(messages.clone()), true)
                 .unwrap(),
         );
-        assert_eq!(ids, engine_ids, "turn {turn}: ids");
+        assert_eq!(ids[..], engine_ids[..], "turn {turn}: ids");
         let (prompt_tokens, cached) = usage(&resp.json());
         assert_eq!(prompt_tokens, ids.len(), "turn {turn}: prompt length");
         let keys = block_keys(&ids, BLOCK);
@@ -211,7 +211,7 @@ fn header_tokens_body_ids_and_text_mode() {
     let k = send("X-KVRoute-Routing-Tokens: 11, 12,13\r\n");
     assert_eq!(
         (k.input_ids, k.token_source),
-        (Some(vec![11, 12, 13]), TokenSource::Header)
+        (Some(vec![11, 12, 13].into()), TokenSource::Header)
     );
     let k = send("x-kvroute-routing-tokens: 1,two\r\n");
     assert_eq!((k.input_ids, k.token_source), (None, TokenSource::None));

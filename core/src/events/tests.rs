@@ -537,7 +537,7 @@ fn unannounced_prefix_follows_the_routers_recent_decision_until_events_arrive() 
     );
     let key = RouteKey {
         model: "m".into(),
-        input_ids: Some(toks(0..128)),
+        input_ids: Some(toks(0..128).into()),
         ..RouteKey::default()
     };
     let first = router.decide_all(&key, &[0, 0, 0, 0]);
@@ -604,7 +604,7 @@ fn b11_a_spill_keeps_the_longest_prefix_among_the_near_least_loaded() {
     hold(&mut events, 2, 6); // deeper, but busier
     let key = RouteKey {
         model: "m".into(),
-        input_ids: Some(t.clone()),
+        input_ids: Some(t.clone().into()),
         ..RouteKey::default()
     };
     // Workers 0 (10 blocks) and 2 (6 blocks, 0.6 of the request) are the deep holders; worker
@@ -1074,7 +1074,7 @@ fn the_policy_matches_events_in_the_requests_namespace() {
     ix.stored(w(2), &salted);
     let key = |ns| RouteKey {
         model: "m".into(),
-        input_ids: Some(t.clone()),
+        input_ids: Some(t.clone().into()),
         namespace: ns,
         ..RouteKey::default()
     };

@@ -303,7 +303,7 @@ pub enum TreeOp<K> {
 #[derive(Debug, Clone)]
 pub enum HashOp {
     /// Record token ids for a worker at a time (ms since the router started).
-    Record(Namespace, Vec<u32>, TenantId, u64),
+    Record(Namespace, Arc<[u32]>, TenantId, u64),
     /// Forget a worker everywhere.
     RemoveTenant(TenantId),
 }
@@ -317,7 +317,7 @@ fn apply_string(t: &mut StringTree, op: &TreeOp<Box<str>>) {
     }
 }
 
-fn apply_token(t: &mut TokenTree, op: &TreeOp<Box<[u32]>>) {
+fn apply_token(t: &mut TokenTree, op: &TreeOp<Arc<[u32]>>) {
     match op {
         TreeOp::Insert(ns, ids, w) => t.insert(*ns, ids, *w),
         TreeOp::InsertKeyed(ns, ids, w, keys) => t.insert_keyed(*ns, ids, *w, &keys.keys),
@@ -354,7 +354,7 @@ pub struct ModelIndexes {
     /// Text requests (chars).
     pub strings: LeftRight<StringTree, TreeOp<Box<str>>>,
     /// Token-id requests (whole pages of `block_size`).
-    pub tokens: LeftRight<TokenTree, TreeOp<Box<[u32]>>>,
+    pub tokens: LeftRight<TokenTree, TreeOp<Arc<[u32]>>>,
     /// Hash mode only.
     pub hash: Option<LeftRight<HashIndex, HashOp>>,
     /// Page keys other router replicas reported ([`crate::sync`]); empty without sync.
@@ -772,7 +772,7 @@ impl Router {
         if !self.kind.records() {
             return;
         }
-        let ids = key.input_ids.as_deref().filter(|v| !v.is_empty());
+        let ids = key.input_ids.as_ref().filter(|v| !v.is_empty());
         if key.text.is_empty() && ids.is_none() {
             return;
         }
@@ -780,13 +780,14 @@ impl Router {
         let ns: Namespace = key.namespace;
         let worker = decision.worker as TenantId;
         match (ids, &idx.hash) {
-            (Some(ids), Some(h)) => h.write(HashOp::Record(ns, ids.to_vec(), worker, now_ms)),
+            (Some(ids), Some(h)) => h.write(HashOp::Record(ns, Arc::clone(ids), worker, now_ms)),
             // With the keys Router::request left in the key's memo at the tree's block size.
             (Some(ids), None) => {
+                let ids = Arc::clone(ids);
                 idx.tokens
                     .write(match key.block_key_memo.kept(ns, self.block_size) {
-                        Some(keys) => TreeOp::InsertKeyed(ns, ids.into(), worker, keys),
-                        None => TreeOp::Insert(ns, ids.into(), worker),
+                        Some(keys) => TreeOp::InsertKeyed(ns, ids, worker, keys),
+                        None => TreeOp::Insert(ns, ids, worker),
                     })
             }
             (None, Some(_)) => {}

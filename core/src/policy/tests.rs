@@ -272,7 +272,7 @@ fn empty_text_is_a_miss_and_not_recorded() {
     let r = router(PolicyKind::CacheAware);
     let ids_only = RouteKey {
         model: "m".into(),
-        input_ids: Some(vec![1, 2, 3]),
+        input_ids: Some(vec![1, 2, 3].into()),
         ..RouteKey::default()
     };
     let d = r.decide_all(&ids_only, &[4, 0, 9]);
@@ -388,7 +388,7 @@ fn router_is_shared_across_threads() {
 fn ids_key(ids: Vec<u32>) -> RouteKey {
     RouteKey {
         model: "m".into(),
-        input_ids: Some(ids),
+        input_ids: Some(ids.into()),
         ..RouteKey::default()
     }
 }
@@ -476,7 +476,7 @@ fn cache_partitions_never_match_each_other() {
     let ids: Vec<u32> = (0..64).collect();
     let tok = |ns: u64| RouteKey {
         namespace: ns,
-        input_ids: Some(ids.clone()),
+        input_ids: Some(ids.clone().into()),
         ..text_key("")
     };
     assert_eq!(r.decide_all(&tok(1), &[0, 1]).worker, 0);
