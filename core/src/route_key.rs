@@ -185,9 +185,8 @@ pub(crate) fn key_from_fields(endpoint: Endpoint, f: Fields<'_>) -> Result<Route
         },
         Endpoint::Generate => {
             match f.input_ids {
-                None | Some(Prompt::Null) | Some(Prompt::Empty) => {}
                 Some(Prompt::Ids(ids)) if !ids.is_empty() => key.input_ids = Some(ids.into()),
-                Some(Prompt::Ids(_)) => {}
+                None | Some(Prompt::Null | Prompt::Empty | Prompt::Ids(_)) => {}
                 Some(Prompt::Text(_)) | Some(Prompt::Invalid) => {
                     return Err(CoreError::WrongType {
                         field: "input_ids",

@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::route_key::{Endpoint, RouteKey, TokenSource, route_key};
 use kvroute_tokenize::incremental::{PrefixCache, SharedPrefixCache};
 use kvroute_tokenize::{IncrementalTokenizer, TokenizeError, Tokenizer};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -380,15 +381,16 @@ impl ShardTokenizers {
         let Some(inc) = self.for_model(&key.model) else {
             return out;
         };
-        let text = match endpoint {
+        // A completion's prompt is tokenized where it is, not copied.
+        let text: Cow<'_, str> = match endpoint {
             Endpoint::ChatCompletions => match inc.tokenizer().render_chat_body(body) {
-                Ok(t) => t,
+                Ok(t) => Cow::Owned(t),
                 Err(e) => {
                     out.prompt_error = Some(e);
                     return out;
                 }
             },
-            Endpoint::Completions | Endpoint::Generate => key.text.clone(),
+            Endpoint::Completions | Endpoint::Generate => Cow::Borrowed(&key.text),
         };
         match inc.encode(&text, key.namespace) {
             Ok(enc) if !enc.ids.is_empty() => {
