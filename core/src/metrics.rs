@@ -6,7 +6,7 @@
 //!
 //! | metric | type | labels |
 //! |---|---|---|
-//! | `kvroute_requests_total` | counter | `route`, `status`, `model`, `worker` (`""` when none was chosen) |
+//! | `kvroute_requests_total` | counter | `route`, `status`, `model` (a name some worker lists, else one fixed value: a client's invented names are one series), `worker` (`""` when none was chosen) |
 //! | `kvroute_worker_requests_total` | counter | `worker` |
 //! | `kvroute_decisions_total` | counter | `policy`, `reason` (`hit`, `miss`, `spill`, ...) |
 //! | `kvroute_worker_errors_total` | counter | `worker`, `kind` ([`Metrics::on_worker_error`]) |

@@ -353,6 +353,19 @@ impl Worker {
         }
     }
 
+    /// True when `model` (whose [`model_key`] is `key`) is in the worker's known list: not
+    /// when the list is not known yet, as [`Worker::serves_key`] would be.
+    fn lists_key(&self, model: &str, key: u64) -> bool {
+        match self.models_key.load(Ordering::Relaxed) {
+            MODELS_ANY => false,
+            MODELS_MANY => self
+                .models
+                .read()
+                .is_ok_and(|m| m.iter().any(|x| x == model)),
+            k => k == key,
+        }
+    }
+
     /// True when the worker serves `model`: it is in its list, the list is not known yet, or
     /// `model` is empty (SGLang's `/generate` names none).
     pub fn serves(&self, model: &str) -> bool {
@@ -363,6 +376,18 @@ impl Worker {
                 .map(|m| m.is_empty() || m.iter().any(|x| x == model))
                 .unwrap_or(true)
     }
+}
+
+/// How the fleet knows a model name ([`Workers::standing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelStanding {
+    /// No present worker serves it: a request for it is a 404.
+    Unserved,
+    /// Only workers whose model lists are not known yet (before their first health check
+    /// read `/v1/models`) would take it.
+    Unlisted,
+    /// Some worker lists it (or it is empty: `/generate` names no model).
+    Listed,
 }
 
 /// [`Worker::serves_key`]'s key of a worker whose models are not known: it serves any.
@@ -799,12 +824,25 @@ impl Workers {
     /// True when some present worker (in any state) serves `model`: a request for a model
     /// nobody serves is a 404, one whose workers are all down a 503.
     pub fn knows_model(&self, model: &str) -> bool {
+        self.standing(model) != ModelStanding::Unserved
+    }
+
+    /// How the present workers (in any state) know `model`, in one pass that stops at the
+    /// first worker listing it. [`ModelStanding::Unlisted`]: only workers whose model lists
+    /// are not known yet would take it, so the name is the client's string, unchecked.
+    pub fn standing(&self, model: &str) -> ModelStanding {
         let key = model_key(model);
-        self.slots
-            .load()
-            .iter()
-            .flatten()
-            .any(|w| w.serves_key(model, key))
+        let mut standing = ModelStanding::Unserved;
+        for w in self.slots.load().iter().flatten() {
+            if !w.serves_key(model, key) {
+                continue;
+            }
+            if model.is_empty() || w.lists_key(model, key) {
+                return ModelStanding::Listed;
+            }
+            standing = ModelStanding::Unlisted;
+        }
+        standing
     }
 
     /// Checks invariants 1 and 2 (3 is checked by the guard tests).
@@ -949,6 +987,43 @@ mod tests {
             }
         }
         assert_ne!(model_key("m"), model_key("n"));
+    }
+
+    /// A name is listed once any worker lists it, unlisted while only workers of unknown
+    /// lists take it, unserved when nobody would; each case against the brute force over
+    /// the workers' `serves` and `models`.
+    #[test]
+    fn standing_of_listed_unlisted_and_unserved_names() {
+        use ModelStanding::*;
+        let w = Workers::new(&[
+            "http://a:1;model=m".into(),
+            "http://b:2;model=m;model=n".into(),
+            "http://c:3".into(), // models unknown: serves anything
+        ])
+        .unwrap();
+        let brute = |q: &str| {
+            let all = w.iter();
+            if !all.iter().any(|x| x.serves(q)) {
+                Unserved
+            } else if q.is_empty() || all.iter().any(|x| x.models().iter().any(|m| m == q)) {
+                Listed
+            } else {
+                Unlisted
+            }
+        };
+        let expect = [("", Listed), ("m", Listed), ("n", Listed), ("zz", Unlisted)];
+        for (q, want) in expect {
+            assert_eq!(w.standing(q), want, "{q}");
+            assert_eq!(w.standing(q), brute(q), "{q}");
+        }
+        // Once c's list is read, a name nobody lists is unserved.
+        w.get(2).unwrap().set_models(vec!["n".into(), "o".into()]);
+        let expect = [("zz", Unserved), ("o", Listed), ("m", Listed)];
+        for (q, want) in expect {
+            assert_eq!(w.standing(q), want, "{q}");
+            assert_eq!(w.standing(q), brute(q), "{q}");
+            assert_eq!(w.knows_model(q), want != Unserved, "{q}");
+        }
     }
 
     /// The eligible set of the module table, one condition at a time.

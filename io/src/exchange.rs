@@ -33,7 +33,7 @@ use kvroute_core::metrics::Format;
 use kvroute_core::policy::{Decision, Snapshot};
 use kvroute_core::route_key::{Endpoint, RouteKey};
 use kvroute_core::tokens::{ROUTING_TOKENS_HEADER, ShardTokenizers};
-use kvroute_core::workers::{LoadGuard, Worker};
+use kvroute_core::workers::{LoadGuard, ModelStanding, Worker};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -512,8 +512,11 @@ async fn attempts(
                 // Not retryable, or no retry left: the worker's own answer goes to the client.
                 if !retryable || !others || !may_retry(shared, rec, tried, "status_5xx", worker.id)
                 {
-                    // Committed: the peer replicas record its placement.
-                    if let Some(link) = &shared.sync {
+                    // Committed: the peer replicas record its placement (a prompt the
+                    // worker refused was not prefilled, as for Router::record).
+                    if let Some(link) = &shared.sync
+                        && is_success(head.status)
+                    {
                         link.committed(&shared.router, key, &worker.url);
                     }
                     return Ok(Committed {
@@ -572,7 +575,9 @@ async fn proxy(
         let err = ApiError::new(400, "you must provide a model parameter");
         return answer_error(sink, rec, &err, extra).await;
     }
-    if !shared.workers.knows_model(&key.model) {
+    let standing = shared.workers.standing(&key.model);
+    rec.model_listed = standing == ModelStanding::Listed;
+    if standing == ModelStanding::Unserved {
         rec.error = Some("unknown_model");
         let err = ApiError::new(404, format!("The model `{}` does not exist.", key.model));
         return answer_error(sink, rec, &err, extra).await;
@@ -611,8 +616,13 @@ async fn proxy(
             return answer_error(sink, rec, &err, extra).await;
         }
     };
-    // Committed: the policy records its decision, the response streams through.
-    shared.router.record(&key, &c.decision, shared.now_ms());
+    // Committed: the policy records its decision, the response streams through. A prompt
+    // the worker refused (a 4xx: its own 404 for a model, a bad parameter) was never
+    // prefilled, so the indexes do not record it: a worker taking any model name would
+    // otherwise grow one set of indexes per name a client invents.
+    if is_success(c.head.status) {
+        shared.router.record(&key, &c.decision, shared.now_ms());
+    }
     rec.commit(&c.worker, c.decision.reason);
     rec.status = c.head.status;
     let mut headers: Vec<(HeaderName, HeaderValue)> = upstream::response_headers(&c.head);
@@ -741,6 +751,11 @@ async fn proxy(
             }
         }
     }
+}
+
+/// A 2xx status: the worker took the request.
+fn is_success(status: u16) -> bool {
+    (200..300).contains(&status)
 }
 
 /// How often an attempt waiting for its first byte looks at its worker's health, ms.

@@ -5,8 +5,14 @@
 use crate::state::Shared;
 use kvroute_core::metrics::Phase;
 use kvroute_core::policy::Reason;
+#[cfg(doc)]
+use kvroute_core::workers::ModelStanding;
 use kvroute_core::workers::Worker;
 use std::time::{Duration, Instant};
+
+/// The `model` label of a request whose model no worker lists (an unknown name, answered
+/// 404, or one taken before any worker's list is known): one series for all such names.
+pub const UNLISTED_MODEL: &str = "(unlisted)";
 
 /// What the access log and the request metrics say of one request.
 pub struct Record<'a> {
@@ -23,8 +29,13 @@ pub struct Record<'a> {
     pub request_id: String,
     /// Status sent to the client (0: none, the client left first).
     pub status: u16,
-    /// `model` of the body ("" when none).
+    /// `model` of the body ("" when none), as the client sent it: the access log's.
     pub model: String,
+    /// Some worker lists `model` ([`ModelStanding::Listed`]): only then is it the metrics'
+    /// `model` label, else [`UNLISTED_MODEL`]. A client's unchecked string as a label value
+    /// would make one series per name it invents (each label set of a request counter holds
+    /// a 2 KiB array of per-shard cells), an unbounded registry.
+    pub model_listed: bool,
     /// The worker the request was committed to (or the last one tried).
     pub worker: Option<usize>,
     /// The policy's branch (`hit`, `miss`, ...), once committed.
@@ -67,6 +78,7 @@ impl<'a> Record<'a> {
             request_id,
             status: 0,
             model: String::new(),
+            model_listed: false,
             worker: None,
             branch: "",
             predicted_cached: None,
@@ -91,10 +103,15 @@ impl Drop for Record<'_> {
     fn drop(&mut self) {
         let m = &self.shared.metrics;
         let elapsed = self.received.elapsed();
+        let label = if self.model_listed || self.model.is_empty() {
+            self.model.as_str()
+        } else {
+            UNLISTED_MODEL
+        };
         m.on_request_done(
             self.route,
             self.status,
-            &self.model,
+            label,
             self.worker,
             elapsed.as_secs_f64(),
         );

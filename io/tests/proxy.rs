@@ -650,3 +650,68 @@ fn idle_upstream_connections_are_closed_after_the_idle_timeout() {
     );
     gw.shutdown();
 }
+
+/// Model names no worker lists share one `model` label, and a prompt a worker refused is never
+/// recorded: a client inventing names grows neither the metrics registry nor the indexes.
+/// Worker 0 lists its model; worker 1's list is not known (no health checks read it), so it
+/// takes any name, and its engine answers vLLM's 404 itself.
+#[test]
+fn invented_model_names_grow_neither_the_metrics_nor_the_indexes() {
+    let engine = |seed| {
+        let cfg = EngineConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            speedup_ratio: 0.0,
+            seed,
+            check_model: true,
+            ..EngineConfig::default()
+        };
+        engine::server::spawn(cfg, std::sync::Arc::new(tokenizer())).expect("engine starts")
+    };
+    let (a, b) = (engine(1), engine(2));
+    let listed = format!("{};model={}", url_of(&a), engine::defaults::MODEL_NAME);
+    let gw = gateway_for(vec![listed, url_of(&b)], PolicyKind::CacheAware, |_| {});
+    let addr = gw.local_addr();
+    let invented = 6;
+    for i in 0..invented {
+        let mut body = chat(&format!("question {i} about something"), false, 2);
+        body["model"] = json!(format!("junk-{i}"));
+        let r = post(addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 404, "{}", r.text());
+    }
+    for i in 0..2 {
+        let r = post(
+            addr,
+            "/v1/chat/completions",
+            &chat(&format!("real {i}"), false, 2),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let metrics = get(addr, "/metrics").text();
+    assert!(!metrics.contains("junk-"), "{metrics}");
+    // The summed value of the `kvroute_requests_total` lines holding every one of `labels`.
+    let requests = |labels: &[&str]| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("kvroute_requests_total{"))
+            .filter(|l| labels.iter().all(|x| l.contains(x)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let unlisted = format!("model=\"{}\"", kvroute_io::record::UNLISTED_MODEL);
+    assert_eq!(
+        requests(&[&unlisted, "status=\"404\""]),
+        invented as f64,
+        "{metrics}"
+    );
+    assert_eq!(
+        requests(&["model=\"qwen3-sim\"", "status=\"200\""]),
+        2.0,
+        "{metrics}"
+    );
+    // The served model has its indexes; the invented ones none (checked above: no `junk-`).
+    assert!(
+        metrics.contains("kvroute_index_size{index=\"tree_chars\",model=\"qwen3-sim\"}"),
+        "{metrics}"
+    );
+    gw.shutdown();
+}
