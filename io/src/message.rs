@@ -7,12 +7,93 @@ use std::future::Future;
 use std::io;
 use std::time::Instant;
 
-/// One parsed client request: its head as `http` types, the whole body, and when its first
-/// byte was read.
+/// One header line as the exchange reads and writes it: the name (any case, as sent) and the
+/// value's raw bytes.
+pub type HeaderLine<'a> = (&'a str, &'a [u8]);
+
+/// The header lines of a parsed head, in order: names in their original spelling, values as
+/// raw bytes. What a transport hands the exchange, whatever its wire format.
+///
+/// Held in three buffers (the names, the values, the ends of each line's name and value)
+/// whatever the number of lines, where a `Vec<(String, Vec<u8>)>` took two allocations per
+/// line; the heads of one proxied request (the client's, the worker's) had ~10 lines, and
+/// their allocations and frees were ~1.5 % of a round-robin request's samples
+/// (perf/runs/2026-12-02-common-path). The exchange reads them in place: converting them to
+/// `http::HeaderMap` and back cost 6.9k of a proxied SSE request's 53.8k instructions
+/// (callgrind, perf/runs/2026-12-03-lean-headers).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Headers {
+    names: String,
+    values: Vec<u8>,
+    /// Per line, the end of its name in `names` and of its value in `values` (each starts
+    /// where the line before ended).
+    ends: Vec<(u32, u32)>,
+}
+
+impl Headers {
+    /// The lines of `lines`, copied, in order. `lines` is walked twice (once to size the
+    /// buffers).
+    pub fn collect<'h, I>(lines: I) -> Headers
+    where
+        I: Iterator<Item = HeaderLine<'h>> + Clone,
+    {
+        let (mut n, mut v, mut count) = (0, 0, 0);
+        for (name, value) in lines.clone() {
+            (n, v, count) = (n + name.len(), v + value.len(), count + 1);
+        }
+        let mut h = Headers {
+            names: String::with_capacity(n),
+            values: Vec::with_capacity(v),
+            ends: Vec::with_capacity(count),
+        };
+        for (name, value) in lines {
+            h.names.push_str(name);
+            h.values.extend_from_slice(value);
+            h.ends.push((h.names.len() as u32, h.values.len() as u32));
+        }
+        h
+    }
+
+    /// Lines, in order.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// No lines.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// `(name, value)` of every line, in order.
+    pub fn iter(&self) -> impl Iterator<Item = HeaderLine<'_>> + Clone + '_ {
+        let mut start = (0usize, 0usize);
+        self.ends.iter().map(move |&(n, v)| {
+            let (n, v) = (n as usize, v as usize);
+            let line = (&self.names[start.0..n], &self.values[start.1..v]);
+            start = (n, v);
+            line
+        })
+    }
+
+    /// The value of the first line named `name` (ASCII case-insensitively).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+}
+
+/// One parsed client request: its method, target and header lines as sent, the whole body,
+/// and when its first byte was read.
 #[derive(Debug)]
 pub struct Request {
-    /// Method, URI (origin form), version and headers.
-    pub parts: http::request::Parts,
+    /// Method, case-sensitive as sent (e.g. `POST`).
+    pub method: String,
+    /// Request target as sent: origin form (`/v1/chat/completions?x=1`) or absolute form
+    /// (`http://host/v1/...`, RFC 9112 §3.2.2).
+    pub target: String,
+    /// Header lines, in order.
+    pub headers: Headers,
     /// The whole body (de-chunked), bytes.
     pub body: Vec<u8>,
     /// When the transport started reading this request (router-added latency and TTFT are
@@ -21,17 +102,37 @@ pub struct Request {
 }
 
 impl Request {
-    /// The value of header `name` as bytes (the first one), if present.
+    /// The value of header `name` (any case) as bytes (the first one), if present.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.parts
-            .headers
-            .get(name)
-            .map(http::HeaderValue::as_bytes)
+        self.headers.get(name)
     }
 
-    /// The path of the URI, without the query.
+    /// The target's path and query: the target itself in origin form; in absolute form, what
+    /// follows the authority (`/` when nothing does).
+    pub fn path_and_query(&self) -> &str {
+        origin_form(&self.target)
+    }
+
+    /// The path of the target, without the query.
     pub fn path(&self) -> &str {
-        self.parts.uri.path()
+        let pq = self.path_and_query();
+        pq.split_once('?').map_or(pq, |(p, _)| p)
+    }
+}
+
+/// The origin form of a request target (RFC 9112 §3.2): `target` when it starts with `/`;
+/// for an absolute form `scheme://authority[/path?query]`, the part from the path on (`/`
+/// when the path is empty); any other form (`*`, an authority) as it is.
+fn origin_form(target: &str) -> &str {
+    if target.starts_with('/') {
+        return target;
+    }
+    match target.split_once("://") {
+        Some((_, rest)) => match rest.find(['/', '?']) {
+            Some(i) if rest.as_bytes()[i] == b'/' => &rest[i..],
+            _ => "/",
+        },
+        None => target,
     }
 }
 
@@ -62,7 +163,7 @@ pub trait ResponseSink {
     fn send_head(
         &mut self,
         status: u16,
-        headers: &[(http::HeaderName, http::HeaderValue)],
+        headers: &[HeaderLine<'_>],
         body: BodyKind,
     ) -> impl Future<Output = io::Result<()>>;
 
@@ -127,14 +228,12 @@ pub async fn respond(
     sink: &mut impl ResponseSink,
     status: u16,
     content_type: &str,
-    extra: &[(http::HeaderName, http::HeaderValue)],
+    extra: &[HeaderLine<'_>],
     body: Vec<u8>,
 ) -> bool {
     let mut headers = Vec::with_capacity(1 + extra.len());
-    if let Ok(v) = http::HeaderValue::from_str(content_type) {
-        headers.push((http::header::CONTENT_TYPE, v));
-    }
-    headers.extend(extra.iter().cloned());
+    headers.push(("content-type", content_type.as_bytes()));
+    headers.extend_from_slice(extra);
     if sink
         .send_head(status, &headers, BodyKind::Length(body.len() as u64))
         .await
@@ -150,7 +249,60 @@ pub async fn respond(
 pub async fn respond_error(
     sink: &mut impl ResponseSink,
     err: &ApiError,
-    extra: &[(http::HeaderName, http::HeaderValue)],
+    extra: &[HeaderLine<'_>],
 ) -> bool {
     respond(sink, err.status, "application/json", extra, err.body()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(target: &str) -> Request {
+        Request {
+            method: "POST".into(),
+            target: target.into(),
+            headers: Headers::collect([("X-Session-Id", &b"s1"[..]), ("x-a", b"")].into_iter()),
+            body: Vec::new(),
+            received: Instant::now(),
+        }
+    }
+
+    /// Origin and absolute forms (RFC 9112 §3.2) give the same path and query; `*` and an
+    /// authority stay as they are (no route has them: 404).
+    #[test]
+    fn path_and_query_of_each_target_form() {
+        let cases = [
+            (
+                "/v1/chat/completions?x=1",
+                "/v1/chat/completions?x=1",
+                "/v1/chat/completions",
+            ),
+            ("/health", "/health", "/health"),
+            (
+                "http://h:8000/v1/completions?a=b",
+                "/v1/completions?a=b",
+                "/v1/completions",
+            ),
+            ("https://h/generate", "/generate", "/generate"),
+            ("http://h:8000", "/", "/"),
+            ("http://h?q", "/", "/"),
+            ("*", "*", "*"),
+            ("h:443", "h:443", "h:443"),
+        ];
+        for (target, pq, path) in cases {
+            let r = request(target);
+            assert_eq!((r.path_and_query(), r.path()), (pq, path), "{target}");
+        }
+    }
+
+    /// Header lookups ignore case and return the first line's value, empty values included.
+    #[test]
+    fn header_lookup_ignores_case() {
+        let r = request("/");
+        assert_eq!(r.header("x-session-id"), Some(&b"s1"[..]));
+        assert_eq!(r.header("X-A"), Some(&b""[..]));
+        assert_eq!(r.header("x-b"), None);
+        assert_eq!(r.headers.len(), 2);
+    }
 }

@@ -18,15 +18,15 @@ pub const UNLISTED_MODEL: &str = "(unlisted)";
 pub struct Record<'a> {
     shared: &'a Shared,
     /// Method.
-    pub method: String,
+    pub method: &'a str,
     /// Path as sent (without the query).
-    pub path: String,
+    pub path: &'a str,
     /// Metric label of the route (a fixed set).
     pub route: &'static str,
     /// When the transport started reading the request.
     pub received: Instant,
     /// `x-request-id` (taken or generated).
-    pub request_id: String,
+    pub request_id: &'a str,
     /// Status sent to the client (0: none, the client left first).
     pub status: u16,
     /// `model` of the body ("" when none), as the client sent it: the access log's.
@@ -63,16 +63,16 @@ impl<'a> Record<'a> {
     /// A record for a request read since `received`.
     pub fn new(
         shared: &'a Shared,
-        method: &str,
-        path: &str,
+        method: &'a str,
+        path: &'a str,
         route: &'static str,
         received: Instant,
-        request_id: String,
+        request_id: &'a str,
     ) -> Self {
         Self {
             shared,
-            method: method.to_string(),
-            path: path.to_string(),
+            method,
+            path,
             route,
             received,
             request_id,

@@ -12,10 +12,9 @@
 
 use crate::conn::Conn;
 use crate::http1::{ChunkedDecoder, Framing, ResponseHead};
-use crate::message::{BodyKind, ResponseSink};
+use crate::message::{BodyKind, HeaderLine, ResponseSink};
 use crate::migrate::StreamTracker;
 use crate::record::Record;
-use http::{HeaderName, HeaderValue};
 use kvroute_core::workers::LoadGuard;
 use monoio::buf::IoBufMut;
 use monoio::io::AsyncReadRent;
@@ -163,7 +162,7 @@ pub async fn relay(
     sink: &mut impl ResponseSink,
     upstream: &mut Conn,
     head: &ResponseHead,
-    headers: &[(HeaderName, HeaderValue)],
+    headers: &[HeaderLine<'_>],
     deadline: Instant,
     rec: &mut Record<'_>,
     tracker: Option<&mut StreamTracker>,

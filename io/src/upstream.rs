@@ -10,7 +10,9 @@
 
 use crate::conn::Conn;
 use crate::error::{HttpError, ProxyError};
+use crate::exchange::REQUEST_ID_HEADER;
 use crate::http1::{self, Framing, ResponseHead};
+use crate::message::{HeaderLine, Request};
 use kvroute_core::workers::Worker;
 use monoio::net::TcpStream;
 use std::cell::RefCell;
@@ -126,48 +128,37 @@ fn named_by_connection<'a, I: Iterator<Item = (&'a [u8], &'a [u8])>>(
 /// `Content-Length`. `strip_client_auth`: drop the client's `Authorization` even when the
 /// worker has no key (it was kvroute's own client key).
 pub fn build_request(
-    parts: &http::request::Parts,
+    req: &Request,
     body: &[u8],
     worker: &Worker,
     request_id: &str,
     strip_client_auth: bool,
 ) -> Vec<u8> {
+    use std::io::Write as _;
     let mut out = Vec::with_capacity(512 + body.len());
-    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.extend_from_slice(req.method.as_bytes());
     out.push(b' ');
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(req.path_and_query().as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     http1::push_header(&mut out, "host", worker.authority.as_bytes());
-    let named = named_by_connection(|| {
-        parts
-            .headers
-            .iter()
-            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
-    });
-    for (name, value) in &parts.headers {
-        let n = name.as_str();
-        if http1::is_hop_by_hop(n)
-            || named(n)
-            || n == "x-request-id"
-            || (n == "authorization" && (worker.api_key.is_some() || strip_client_auth))
+    let named = named_by_connection(|| req.headers.iter().map(|(n, v)| (n.as_bytes(), v)));
+    let drop_auth = worker.api_key.is_some() || strip_client_auth;
+    for (name, value) in req.headers.iter() {
+        if http1::is_hop_by_hop(name)
+            || named(name)
+            || name.eq_ignore_ascii_case(REQUEST_ID_HEADER)
+            || (drop_auth && name.eq_ignore_ascii_case("authorization"))
         {
             continue;
         }
-        http1::push_header(&mut out, n, value.as_bytes());
+        http1::push_header(&mut out, name, value);
     }
-    http1::push_header(&mut out, "x-request-id", request_id.as_bytes());
+    http1::push_header(&mut out, REQUEST_ID_HEADER, request_id.as_bytes());
     if let Some(key) = &worker.api_key {
-        let mut v = b"Bearer ".to_vec();
-        v.extend_from_slice(key.as_bytes());
-        http1::push_header(&mut out, "authorization", &v);
+        let _ = write!(out, "authorization: Bearer {key}\r\n");
     }
-    if !body.is_empty() || parts.method != http::Method::GET {
-        http1::push_header(
-            &mut out,
-            "content-length",
-            body.len().to_string().as_bytes(),
-        );
+    if !body.is_empty() || req.method != "GET" {
+        let _ = write!(out, "content-length: {}\r\n", body.len());
     }
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
@@ -177,31 +168,21 @@ pub fn build_request(
 /// Prefix of the headers kvroute sets itself.
 const X_KVROUTE: &str = "x-kvroute-";
 
-/// The end-to-end headers of a worker's response, for the client: hop-by-hop headers, those
-/// named in its `Connection` header, and any `x-kvroute-*` or `x-request-id` it set removed
-/// (kvroute sets those itself). Headers the `http` types refuse are dropped.
-pub fn response_headers(head: &ResponseHead) -> Vec<(http::HeaderName, http::HeaderValue)> {
+/// The end-to-end headers of a worker's response, for the client, borrowed from `head`:
+/// hop-by-hop headers, those named in its `Connection` header, and any `x-kvroute-*` or
+/// `x-request-id` it set removed (kvroute sets those itself). `room`: capacity kept for the
+/// lines the caller adds after these.
+pub fn response_headers(head: &ResponseHead, room: usize) -> Vec<HeaderLine<'_>> {
     let named = named_by_connection(|| head.headers.iter().map(|(n, v)| (n.as_bytes(), v)));
-    // Room for the headers the exchange adds after these (extra ones, the worker's id).
-    let mut out = Vec::with_capacity(head.headers.len() + 4);
-    let kept = head
-        .headers
-        .shared()
-        .filter(|(n, _)| {
-            !http1::is_hop_by_hop(n)
-                && !named(n)
-                && !n
-                    .get(..X_KVROUTE.len())
-                    .is_some_and(|p| p.eq_ignore_ascii_case(X_KVROUTE))
-                && !n.eq_ignore_ascii_case("x-request-id")
-        })
-        .filter_map(|(n, v)| {
-            Some((
-                http::HeaderName::from_bytes(n.as_bytes()).ok()?,
-                http::HeaderValue::from_maybe_shared(v).ok()?,
-            ))
-        });
-    out.extend(kept);
+    let mut out = Vec::with_capacity(head.headers.len() + room);
+    out.extend(head.headers.iter().filter(|(n, _)| {
+        !http1::is_hop_by_hop(n)
+            && !named(n)
+            && !n
+                .get(..X_KVROUTE.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(X_KVROUTE))
+            && !n.eq_ignore_ascii_case(REQUEST_ID_HEADER)
+    }));
     out
 }
 
@@ -209,17 +190,19 @@ pub fn response_headers(head: &ResponseHead) -> Vec<(http::HeaderName, http::Hea
 /// response has a body, its first bytes: on return the connection's buffer holds at least
 /// one body byte (or the body is empty).
 ///
+/// Only connecting has a timeout here: the caller bounds the whole attempt (the exchange
+/// races it against `--first-byte-timeout-secs`, the client leaving and the worker's health
+/// with one timer, where a timeout per read here cost one more timer per request:
+/// perf/runs/2026-12-03-lean-headers).
+///
 /// # Errors
-/// - [`ProxyError::Connect`]: connecting failed.
-/// - [`ProxyError::Timeout`]: no head, or no first body byte, before `deadline`.
+/// - [`ProxyError::Connect`]: connecting failed or timed out.
 /// - [`ProxyError::Upstream`]: the connection broke or the head is not valid HTTP.
 pub async fn send(
     pool: &Pool,
     worker: &Worker,
     method: &str,
     request: Vec<u8>,
-    deadline: Instant,
-    timeout_secs: u64,
     max_head_bytes: usize,
 ) -> Result<(Conn, ResponseHead), ProxyError> {
     let Some(addr) = worker.addr else {
@@ -242,10 +225,8 @@ pub async fn send(
         request = buf;
         let outcome = match res {
             Err(e) => Err(Failure::BeforeResponse(e.to_string())),
-            Ok(()) => match read_head(&mut conn, method, deadline, max_head_bytes).await {
-                Ok(head) => first_body_bytes(&mut conn, &head, deadline)
-                    .await
-                    .map(|()| head),
+            Ok(()) => match read_head(&mut conn, method, max_head_bytes).await {
+                Ok(head) => first_body_bytes(&mut conn, &head).await.map(|()| head),
                 Err(e) => Err(e),
             },
         };
@@ -262,37 +243,25 @@ pub async fn send(
                     message,
                 });
             }
-            Err(Failure::Timeout) => {
-                return Err(ProxyError::Timeout {
-                    worker: worker.id,
-                    secs: timeout_secs,
-                });
-            }
         }
     }
 }
 
 /// Waits until `conn`'s buffer holds a body byte, unless the body is empty.
-async fn first_body_bytes(
-    conn: &mut Conn,
-    head: &ResponseHead,
-    deadline: Instant,
-) -> Result<(), Failure> {
+async fn first_body_bytes(conn: &mut Conn, head: &ResponseHead) -> Result<(), Failure> {
     if matches!(head.framing, Framing::Empty | Framing::Length(0)) {
         return Ok(());
     }
     while conn.buffered().is_empty() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match monoio::time::timeout(left, conn.fill()).await {
-            Err(_) => return Err(Failure::Timeout),
-            Ok(Ok(0)) if head.framing == Framing::UntilClose => return Ok(()),
-            Ok(Ok(0)) => {
+        match conn.fill().await {
+            Ok(0) if head.framing == Framing::UntilClose => return Ok(()),
+            Ok(0) => {
                 return Err(Failure::Protocol(
                     "connection closed before the body".into(),
                 ));
             }
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(Failure::Protocol(e.to_string())),
+            Ok(_) => {}
+            Err(e) => return Err(Failure::Protocol(e.to_string())),
         }
     }
     Ok(())
@@ -303,13 +272,11 @@ enum Failure {
     BeforeResponse(String),
     /// Invalid HTTP from the worker.
     Protocol(String),
-    Timeout,
 }
 
 async fn read_head(
     conn: &mut Conn,
     method: &str,
-    deadline: Instant,
     max_head_bytes: usize,
 ) -> Result<ResponseHead, Failure> {
     loop {
@@ -329,24 +296,19 @@ async fn read_head(
                 Err(e) => return Err(Failure::Protocol(e.to_string())),
             }
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Failure::Timeout);
-        }
         let had = conn.buffered().len();
-        match monoio::time::timeout(left, conn.fill()).await {
-            Err(_) => return Err(Failure::Timeout),
-            Ok(Ok(0)) if had == 0 => {
+        match conn.fill().await {
+            Ok(0) if had == 0 => {
                 return Err(Failure::BeforeResponse("connection closed".into()));
             }
-            Ok(Ok(0)) => {
+            Ok(0) => {
                 return Err(Failure::Protocol(
                     "connection closed inside the head".into(),
                 ));
             }
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) if had == 0 => return Err(Failure::BeforeResponse(e.to_string())),
-            Ok(Err(e)) => return Err(Failure::Protocol(e.to_string())),
+            Ok(_) => {}
+            Err(e) if had == 0 => return Err(Failure::BeforeResponse(e.to_string())),
+            Err(e) => return Err(Failure::Protocol(e.to_string())),
         }
     }
 }

@@ -449,7 +449,8 @@ fn capture_upstream() -> (SocketAddr, std::thread::JoinHandle<String>) {
 
 /// Client keys: 401 in the OpenAI shape without the right one; the worker's own key replaces
 /// the client's `Authorization` (exactly one upstream); headers named in `Connection` are
-/// stripped both ways; `x-request-id` goes up and comes back.
+/// stripped both ways; `x-request-id` goes up once and comes back; header names match in any
+/// case, and an absolute-form target (RFC 9112 §3.2.2) goes upstream in origin form.
 #[test]
 fn api_keys_worker_keys_and_hop_by_hop_headers() {
     let (up, seen) = capture_upstream();
@@ -471,7 +472,7 @@ fn api_keys_worker_keys_and_hop_by_hop_headers() {
     let body = br#"{"model":"m","prompt":"x"}"#;
     let req = |auth: &str| {
         let mut raw = format!(
-            "POST /v1/completions HTTP/1.1\r\nhost: x\r\n{auth}connection: close, x-private\r\nx-private: 1\r\nx-request-id: rid-9\r\ncontent-length: {}\r\n\r\n",
+            "POST http://x/v1/completions HTTP/1.1\r\nHost: x\r\n{auth}Connection: close, X-Private\r\nX-Private: 1\r\nX-Request-Id: rid-9\r\nContent-Length: {}\r\n\r\n",
             body.len()
         )
         .into_bytes();
@@ -488,7 +489,7 @@ fn api_keys_worker_keys_and_hop_by_hop_headers() {
         assert_eq!(r.json()["error"]["code"], 401);
     }
     assert_eq!(get(addr, "/health").status, 200, "probes need no key");
-    let r = req("authorization: Bearer sk-client\r\n");
+    let r = req("Authorization: Bearer sk-client\r\n");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-request-id"), Some("rid-9"));
     assert_eq!(
@@ -504,6 +505,11 @@ fn api_keys_worker_keys_and_hop_by_hop_headers() {
     );
     assert!(!head.contains("sk-client"), "{head}");
     assert!(!head.contains("x-private"), "{head}");
+    assert!(
+        head.starts_with("post /v1/completions http/1.1\r\n"),
+        "{head}"
+    );
+    assert_eq!(head.matches("x-request-id:").count(), 1, "{head}");
     assert!(head.contains("x-request-id: rid-9"), "{head}");
     gw.shutdown();
 }

@@ -6,8 +6,7 @@
 //! [`MAX_HEADERS`] header lines.
 
 use crate::error::HttpError;
-use bytes::Bytes;
-use std::ops::Range;
+pub use crate::message::Headers;
 
 pub mod server;
 
@@ -51,82 +50,6 @@ pub enum Framing {
     Chunked,
     /// A response body that ends when the worker closes the connection.
     UntilClose,
-}
-
-/// The header lines of a parsed head, in order: names in their original spelling, values as
-/// raw bytes.
-///
-/// Held in three buffers (the names, the values, the ends of each line's name and value)
-/// whatever the number of lines, where a `Vec<(String, Vec<u8>)>` took two allocations per
-/// line; the heads of one proxied request (the client's, the worker's) had ~10 lines, and
-/// their allocations and frees were ~1.5 % of a round-robin request's samples
-/// (perf/runs/2026-12-02-common-path). The values are one shared [`Bytes`], so
-/// [`Headers::shared`] hands each to an `http::HeaderValue` without a copy.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Headers {
-    names: String,
-    values: Bytes,
-    /// Per line, the end of its name in `names` and of its value in `values` (each starts
-    /// where the line before ended).
-    ends: Vec<(u32, u32)>,
-}
-
-impl Headers {
-    /// Lines, in order.
-    pub fn len(&self) -> usize {
-        self.ends.len()
-    }
-
-    /// No lines.
-    pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
-    }
-
-    /// `(name, value)` of every line, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
-        self.spans().map(|(n, v)| (&self.names[n], &self.values[v]))
-    }
-
-    /// As [`Headers::iter`], each value a slice of the shared buffer (no copy).
-    pub fn shared(&self) -> impl Iterator<Item = (&str, Bytes)> + '_ {
-        self.spans()
-            .map(|(n, v)| (&self.names[n], self.values.slice(v)))
-    }
-
-    /// The ranges of each line's name in `names` and value in `values`.
-    fn spans(&self) -> impl Iterator<Item = (Range<usize>, Range<usize>)> + '_ {
-        let mut start = (0usize, 0usize);
-        self.ends.iter().map(move |&(n, v)| {
-            let (n, v) = (n as usize, v as usize);
-            let spans = (start.0..n, start.1..v);
-            start = (n, v);
-            spans
-        })
-    }
-
-    /// The value of the first line named `name` (ASCII case-insensitively).
-    pub fn get(&self, name: &str) -> Option<&[u8]> {
-        self.iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
-    }
-
-    /// The lines httparse parsed, copied.
-    fn of(lines: &[httparse::Header<'_>]) -> Headers {
-        let mut names = String::with_capacity(lines.iter().map(|l| l.name.len()).sum());
-        let mut values = Vec::with_capacity(lines.iter().map(|l| l.value.len()).sum());
-        let mut ends = Vec::with_capacity(lines.len());
-        for l in lines {
-            names.push_str(l.name);
-            values.extend_from_slice(l.value);
-            ends.push((names.len() as u32, values.len() as u32));
-        }
-        Headers {
-            names,
-            values: values.into(),
-            ends,
-        }
-    }
 }
 
 /// A parsed request head. Header names keep their original spelling; values are raw bytes.
@@ -253,7 +176,7 @@ pub fn parse_request_head(
         return Err(HttpError::HeadTooLarge);
     }
     let minor_version = req.version.unwrap_or(1);
-    let headers = Headers::of(req.headers);
+    let headers = Headers::collect(req.headers.iter().map(|l| (l.name, l.value)));
     let (framing, keep_alive) = framing_of(&headers, minor_version)?;
     let expect_continue = headers
         .iter()
@@ -308,7 +231,7 @@ pub fn parse_response_head(
         return Err(HttpError::Malformed("invalid response status"));
     }
     let minor_version = resp.version.unwrap_or(1);
-    let headers = Headers::of(resp.headers);
+    let headers = Headers::collect(resp.headers.iter().map(|l| (l.name, l.value)));
     let (framing, keep_alive) = framing_of(&headers, minor_version)?;
     let no_body = request_method.eq_ignore_ascii_case("HEAD")
         || (100..200).contains(&status)
@@ -582,8 +505,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The lines come back in order, with their spelling, duplicates and empty values, the
-    /// shared values equal to the borrowed ones, and `get` finds the first of a name.
+    /// The lines come back in order, with their spelling, duplicates and empty values, and
+    /// `get` finds the first of a name.
     #[test]
     fn headers_keep_every_line_in_order() {
         let raw =
@@ -598,12 +521,6 @@ mod tests {
         ];
         assert_eq!(lines, want);
         assert_eq!(head.headers.len(), 4);
-        let shared: Vec<(&str, Vec<u8>)> = head
-            .headers
-            .shared()
-            .map(|(n, v)| (n, v.to_vec()))
-            .collect();
-        assert_eq!(shared, want.map(|(n, v)| (n, v.to_vec())));
         assert_eq!(head.headers.get("x-a"), Some(&b"1"[..]));
         assert_eq!(head.headers.get("CONTENT-TYPE"), Some(&b"text/plain"[..]));
         assert_eq!(head.headers.get("x-c"), None);

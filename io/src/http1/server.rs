@@ -12,7 +12,7 @@ use super::{ChunkedDecoder, Framing, RequestHead, parse_request_head};
 use crate::conn::{Conn, Transport};
 use crate::error::HttpError;
 use crate::exchange::{self, ShardCtx};
-use crate::message::{ApiError, BodyKind, Request, ResponseSink, respond_error};
+use crate::message::{ApiError, BodyKind, HeaderLine, Request, ResponseSink, respond_error};
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -53,13 +53,7 @@ pub async fn serve_connection<S: Transport>(ctx: ShardCtx, mut client: Conn<S>) 
                 }
             };
         let keep = head.keep_alive;
-        let req = match to_request(head, body, received) {
-            Ok(r) => r,
-            Err(e) => {
-                reject(&ctx, &mut client, &e, received).await;
-                return;
-            }
-        };
+        let req = to_request(head, body, received);
         let mut sink = Http1Sink::new(&mut client, keep);
         exchange::handle(&ctx, req, &mut sink).await;
         // Whatever the exchange left held (a head no data followed) reaches the client.
@@ -84,38 +78,16 @@ async fn reject<S: Transport>(
     let _ = respond_error(&mut sink, &err, &[]).await;
 }
 
-/// A parsed head and its body as a neutral [`Request`].
-///
-/// # Errors
-/// [`HttpError::Malformed`] for a method, target or header the `http` types refuse.
-fn to_request(head: RequestHead, body: Vec<u8>, received: Instant) -> Result<Request, HttpError> {
-    let mut b = http::Request::builder()
-        .method(head.method.as_str())
-        .uri(head.target.as_str())
-        .version(if head.minor_version == 0 {
-            http::Version::HTTP_10
-        } else {
-            http::Version::HTTP_11
-        });
-    let headers = b
-        .headers_mut()
-        .ok_or(HttpError::Malformed("invalid method or target"))?;
-    for (name, value) in head.headers.shared() {
-        let name = http::HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| HttpError::Malformed("invalid header name"))?;
-        let value = http::HeaderValue::from_maybe_shared(value)
-            .map_err(|_| HttpError::Malformed("invalid header value"))?;
-        headers.append(name, value);
-    }
-    let (parts, ()) = b
-        .body(())
-        .map_err(|_| HttpError::Malformed("invalid method or target"))?
-        .into_parts();
-    Ok(Request {
-        parts,
+/// A parsed head and its body as a neutral [`Request`] (moved, nothing parsed again:
+/// httparse already checked the method, target and header bytes).
+fn to_request(head: RequestHead, body: Vec<u8>, received: Instant) -> Request {
+    Request {
+        method: head.method,
+        target: head.target,
+        headers: head.headers,
         body,
         received,
-    })
+    }
 }
 
 /// Reads one request head. `Ok(None)`: the client closed (or idled out) between requests.
@@ -292,7 +264,7 @@ impl<S: Transport> ResponseSink for Http1Sink<'_, S> {
     async fn send_head(
         &mut self,
         status: u16,
-        headers: &[(http::HeaderName, http::HeaderValue)],
+        headers: &[HeaderLine<'_>],
         body: BodyKind,
     ) -> io::Result<()> {
         debug_assert!(self.body.is_none(), "invariant 1: one head");
@@ -303,8 +275,8 @@ impl<S: Transport> ResponseSink for Http1Sink<'_, S> {
         let _ = write!(out, "HTTP/1.1 {status} ");
         out.extend_from_slice(super::canonical_reason(status).as_bytes());
         out.extend_from_slice(b"\r\n");
-        for (name, value) in headers {
-            super::push_header(out, name.as_str(), value.as_bytes());
+        for &(name, value) in headers {
+            super::push_header(out, name, value);
         }
         match body {
             BodyKind::Length(n) => {
