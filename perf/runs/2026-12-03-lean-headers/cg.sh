@@ -8,7 +8,7 @@ run=$(mktemp -d /tmp/cg.XXXXXX)
 nginx -c "$PWD/perf/compare/upstreams.conf" -p "$run/"
 RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$run/cg.out" "$BIN" serve --shards 1 \
   --listen 127.0.0.1:19031 --admin-listen "" --worker http://127.0.0.1:19105 --policy round_robin >"$run/serve.log" 2>&1 & vp=$!
-trap 'kill $(cat $run/upstreams.pid) 2>/dev/null; kill $vp 2>/dev/null; sleep 0.3' EXIT
+trap 'kill $(cat $run/upstreams.pid) 2>/dev/null; kill -9 $vp 2>/dev/null; sleep 1' EXIT
 body='{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
 for _ in $(seq 1 100); do curl -sf -o /dev/null -H 'content-type: application/json' -d "$body" http://127.0.0.1:19031/v1/chat/completions && break; sleep 0.3; done
 "$BIN" load --url http://127.0.0.1:19031 --rate 200 --duration 1 --model m --system-chars 800 --prompt-tokens 16 --quiet --connections 1 --stream >/dev/null
