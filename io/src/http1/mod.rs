@@ -36,8 +36,23 @@ const HOP_BY_HOP: &[&str] = &[
 /// plus `proxy-connection` and `keep-alive`) or one kvroute rewrites itself
 /// (`content-length`, `transfer-encoding`, `host`).
 pub fn is_hop_by_hop(name: &str) -> bool {
-    HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
+    // Most names have no hop-by-hop name's length: refused without a compare.
+    name.len() < 32
+        && HOP_BY_HOP_LENGTHS & (1 << name.len()) != 0
+        && HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
 }
+
+/// Bit `n` set when some [`HOP_BY_HOP`] name is `n` bytes long (all are under 32).
+const HOP_BY_HOP_LENGTHS: u32 = {
+    let mut mask = 0u32;
+    let mut i = 0;
+    while i < HOP_BY_HOP.len() {
+        assert!(HOP_BY_HOP[i].len() < 32);
+        mask |= 1 << HOP_BY_HOP[i].len();
+        i += 1;
+    }
+    mask
+};
 
 /// How a message body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -525,6 +540,29 @@ mod tests {
         assert_eq!(head.headers.get("CONTENT-TYPE"), Some(&b"text/plain"[..]));
         assert_eq!(head.headers.get("x-c"), None);
         assert!(Headers::default().is_empty());
+    }
+
+    /// The length mask refuses exactly the names the list does: every listed name in any
+    /// case, and names of every length up to 40 that are not listed.
+    #[test]
+    fn hop_by_hop_names_in_any_case() {
+        for h in HOP_BY_HOP {
+            assert!(is_hop_by_hop(h), "{h}");
+            assert!(is_hop_by_hop(&h.to_ascii_uppercase()), "{h}");
+        }
+        for n in 0..40 {
+            let name = "x".repeat(n);
+            assert!(!is_hop_by_hop(&name), "{name}");
+        }
+        for kept in [
+            "content-type",
+            "x-request-id",
+            "authorization",
+            "accept",
+            "te2",
+        ] {
+            assert!(!is_hop_by_hop(kept), "{kept}");
+        }
     }
 
     #[test]

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 /// down between two requests.
 pub async fn serve_connection<S: Transport>(ctx: ShardCtx, mut client: Conn<S>) {
     let s = &ctx.shared.settings;
+    let mut out = Vec::new();
     loop {
         if ctx.shared.is_shutting_down() && client.buffered().is_empty() {
             return;
@@ -55,12 +56,15 @@ pub async fn serve_connection<S: Transport>(ctx: ShardCtx, mut client: Conn<S>) 
         let keep = head.keep_alive;
         let req = to_request(head, body, received);
         let mut sink = Http1Sink::new(&mut client, keep);
+        sink.out = std::mem::take(&mut out);
         exchange::handle(&ctx, req, &mut sink).await;
         // Whatever the exchange left held (a head no data followed) reaches the client.
         let _ = sink.flush().await;
         if !sink.reusable() {
             return;
         }
+        // The write buffer (empty now) serves the connection's next response.
+        out = std::mem::take(&mut sink.out);
     }
 }
 

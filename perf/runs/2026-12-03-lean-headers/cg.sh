@@ -5,15 +5,16 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 BIN=$1 OUT=$2 N=${3:-1000}
 run=$(mktemp -d /tmp/cg.XXXXXX)
+port=$((19040 + $$ % 50))
 nginx -c "$PWD/perf/compare/upstreams.conf" -p "$run/"
 RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$run/cg.out" "$BIN" serve --shards 1 \
-  --listen 127.0.0.1:19031 --admin-listen "" --worker http://127.0.0.1:19105 --policy round_robin >"$run/serve.log" 2>&1 & vp=$!
+  --listen 127.0.0.1:$port --admin-listen "" --worker http://127.0.0.1:19105 --policy round_robin >"$run/serve.log" 2>&1 & vp=$!
 trap 'kill $(cat $run/upstreams.pid) 2>/dev/null; kill -9 $vp 2>/dev/null; sleep 1' EXIT
 body='{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
-for _ in $(seq 1 100); do curl -sf -o /dev/null -H 'content-type: application/json' -d "$body" http://127.0.0.1:19031/v1/chat/completions && break; sleep 0.3; done
-"$BIN" load --url http://127.0.0.1:19031 --rate 200 --duration 1 --model m --system-chars 800 --prompt-tokens 16 --quiet --connections 1 --stream >/dev/null
+for _ in $(seq 1 100); do curl -sf -o /dev/null -H 'content-type: application/json' -d "$body" http://127.0.0.1:$port/v1/chat/completions && break; sleep 0.3; done
+"$BIN" load --url http://127.0.0.1:$port --rate 200 --duration 1 --model m --system-chars 800 --prompt-tokens 16 --quiet --connections 1 --stream >/dev/null
 callgrind_control --zero $vp >/dev/null
-"$BIN" load --url http://127.0.0.1:19031 --rate 200 --duration $((N / 200)) --model m --system-chars 800 --prompt-tokens 16 --quiet --connections 1 --stream --out "$run/l.json" >/dev/null
+"$BIN" load --url http://127.0.0.1:$port --rate 200 --duration $((N / 200)) --model m --system-chars 800 --prompt-tokens 16 --quiet --connections 1 --stream --out "$run/l.json" >/dev/null
 callgrind_control --dump $vp >/dev/null
 sleep 1
 f=$(ls -t "$run"/cg.out* | head -1)
