@@ -103,7 +103,9 @@ impl TokenSource {
 /// references (see [`RouteKey::namespace`], [`RouteKey::image_keys`]).
 ///
 /// # Errors
-/// - [`CoreError::BodyNotJson`]: the bytes are not one JSON value.
+/// - [`CoreError::BodyNotJson`]: the bytes are not one JSON value, or not UTF-8 anywhere,
+///   skipped fields included (RFC 8259 §8.1); at the first error a parse from the start
+///   meets.
 /// - [`CoreError::BodyNotObject`]: the value is not an object.
 /// - [`CoreError::MissingField`]: chat without `messages`, completions without `prompt`,
 ///   generate with neither `text` nor non-empty `input_ids` (null counts as absent).
@@ -123,17 +125,7 @@ pub(crate) fn parse_fields(body: &[u8]) -> Result<Fields<'_>, CoreError> {
     // so serde_json does not check each string again (`from_slice` validated every string
     // on its own: ~1.6k of the ~11k instructions of a 1 KB chat body's parse, callgrind,
     // perf/runs/2026-12-02-sse-serial).
-    let text = std::str::from_utf8(body).map_err(|e| {
-        let before = &body[..e.valid_up_to()];
-        let line_start = before
-            .iter()
-            .rposition(|&b| b == b'\n')
-            .map_or(0, |i| i + 1);
-        CoreError::BodyNotJson {
-            line: 1 + before.iter().filter(|&&b| b == b'\n').count(),
-            column: 1 + before.len() - line_start,
-        }
-    })?;
+    let text = std::str::from_utf8(body).map_err(|e| not_utf8(&body[..e.valid_up_to()]))?;
     let mut de = serde_json::Deserializer::from_str(text);
     let not_json = |e: serde_json::Error| CoreError::BodyNotJson {
         line: e.line(),
@@ -144,6 +136,28 @@ pub(crate) fn parse_fields(body: &[u8]) -> Result<Fields<'_>, CoreError> {
     match top {
         Top::Object(boxed) => Ok(*boxed),
         Top::NotObject => Err(CoreError::BodyNotObject),
+    }
+}
+
+/// The error of a body that is valid UTF-8 only up to the end of `before`: a JSON syntax
+/// error inside `before` when there is one (what a parse from the start meets first), else
+/// the position of the first invalid byte (1-based line and column, as serde_json counts).
+fn not_utf8(before: &[u8]) -> CoreError {
+    match serde_json::from_slice::<IgnoredAny>(before) {
+        Err(e) if !e.is_eof() => CoreError::BodyNotJson {
+            line: e.line(),
+            column: e.column(),
+        },
+        _ => {
+            let line_start = before
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| i + 1);
+            CoreError::BodyNotJson {
+                line: 1 + before.iter().filter(|&&b| b == b'\n').count(),
+                column: 1 + before.len() - line_start,
+            }
+        }
     }
 }
 
@@ -1129,6 +1143,7 @@ mod tests {
             b"{\"messages\":[],\n\n  \"x\":\"ab\xc3\x28\"}",
             b"\xfe{}",
             b"{\"a\":\"\xe2\x82\"}",
+            b"{\"a\" 1, \"b\":\"\xff\"}",
         ] {
             let e = serde_json::from_slice::<serde_json::Value>(bad).unwrap_err();
             assert_eq!(

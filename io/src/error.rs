@@ -57,7 +57,8 @@ pub enum ProxyError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// The worker sent no response byte within `--first-byte-timeout-secs` (→ 504).
+    /// The attempt (connect, send, the worker's head and first body byte) did not finish
+    /// within `--first-byte-timeout-secs` (→ 504).
     #[error("worker {worker} sent nothing within {secs} s")]
     Timeout {
         /// Worker id.

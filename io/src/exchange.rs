@@ -57,8 +57,7 @@ pub struct ShardCtx {
 pub const WORKER_HEADER: &str = "x-kvroute-worker";
 /// Header naming the chosen worker's URL, with `--expose-worker-url` only.
 pub const WORKER_URL_HEADER: &str = "x-kvroute-worker-url";
-/// Request id header: taken from the client, or generated; sent upstream and back.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
+pub use crate::message::REQUEST_ID_HEADER;
 
 /// The routes kvroute answers or proxies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -272,13 +271,12 @@ fn authorized(shared: &Shared, req: &Request) -> bool {
     if shared.api_keys.is_empty() {
         return true;
     }
-    let Some(key) = req.header("authorization").and_then(|v| {
-        v.strip_prefix(b"Bearer ")
-            .or_else(|| v.strip_prefix(b"bearer "))
-    }) else {
+    let Some(key) = req
+        .header("authorization")
+        .and_then(crate::admin::bearer_token)
+    else {
         return false;
     };
-    let key = key.trim_ascii();
     shared
         .api_keys
         .iter()

@@ -11,6 +11,9 @@ use std::time::Instant;
 /// value's raw bytes.
 pub type HeaderLine<'a> = (&'a str, &'a [u8]);
 
+/// Request id header: taken from the client, or generated; sent upstream and back.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
 /// The header lines of a parsed head, in order: names in their original spelling, values as
 /// raw bytes. What a transport hands the exchange, whatever its wire format.
 ///
@@ -107,32 +110,40 @@ impl Request {
         self.headers.get(name)
     }
 
-    /// The target's path and query: the target itself in origin form; in absolute form, what
-    /// follows the authority (`/` when nothing does).
+    /// The target's path and query, as forwarded: see [`origin_form`].
     pub fn path_and_query(&self) -> &str {
         origin_form(&self.target)
     }
 
-    /// The path of the target, without the query.
+    /// The path of the target, without the query: see [`path_of`].
     pub fn path(&self) -> &str {
-        let pq = self.path_and_query();
-        pq.split_once('?').map_or(pq, |(p, _)| p)
+        path_of(&self.target)
     }
 }
 
-/// The origin form of a request target (RFC 9112 §3.2): `target` when it starts with `/`;
-/// for an absolute form `scheme://authority[/path?query]`, the part from the path on (`/`
-/// when the path is empty); any other form (`*`, an authority) as it is.
-fn origin_form(target: &str) -> &str {
+/// The origin form of a request target (RFC 9112 §3.2), without a `#fragment` (never part of
+/// a request target, RFC 9110 §4.2.4): `target` when it starts with `/`; for an absolute
+/// form `scheme://authority[/path][?query]`, the part after the authority (empty, or starting
+/// with `?` when the path is empty: the caller writes the `/` then, RFC 9112 §3.2.1); any
+/// other form (`*`, an authority) as it is.
+pub(crate) fn origin_form(target: &str) -> &str {
+    let target = target.split_once('#').map_or(target, |(t, _)| t);
     if target.starts_with('/') {
         return target;
     }
     match target.split_once("://") {
-        Some((_, rest)) => match rest.find(['/', '?']) {
-            Some(i) if rest.as_bytes()[i] == b'/' => &rest[i..],
-            _ => "/",
-        },
+        Some((_, rest)) => rest.find(['/', '?']).map_or("", |i| &rest[i..]),
         None => target,
+    }
+}
+
+/// The path of a request target without its query: [`origin_form`]'s path, `/` when it is
+/// empty.
+pub(crate) fn path_of(target: &str) -> &str {
+    let pq = origin_form(target);
+    match pq.split_once('?').map_or(pq, |(p, _)| p) {
+        "" => "/",
+        p => p,
     }
 }
 
@@ -268,8 +279,8 @@ mod tests {
         }
     }
 
-    /// Origin and absolute forms (RFC 9112 §3.2) give the same path and query; `*` and an
-    /// authority stay as they are (no route has them: 404).
+    /// Origin and absolute forms (RFC 9112 §3.2) give the same path and query, without a
+    /// fragment; `*` and an authority stay as they are (no route has them: 404).
     #[test]
     fn path_and_query_of_each_target_form() {
         let cases = [
@@ -279,14 +290,15 @@ mod tests {
                 "/v1/chat/completions",
             ),
             ("/health", "/health", "/health"),
+            ("/health#top", "/health", "/health"),
             (
                 "http://h:8000/v1/completions?a=b",
                 "/v1/completions?a=b",
                 "/v1/completions",
             ),
-            ("https://h/generate", "/generate", "/generate"),
-            ("http://h:8000", "/", "/"),
-            ("http://h?q", "/", "/"),
+            ("https://h/generate#f", "/generate", "/generate"),
+            ("http://h:8000", "", "/"),
+            ("http://h?q", "?q", "/"),
             ("*", "*", "*"),
             ("h:443", "h:443", "h:443"),
         ];

@@ -19,7 +19,7 @@ pub struct Record<'a> {
     shared: &'a Shared,
     /// Method.
     pub method: &'a str,
-    /// Path as sent (without the query).
+    /// Path of the target (without the query; an absolute-form target's path only).
     pub path: &'a str,
     /// Metric label of the route (a fixed set).
     pub route: &'static str,

@@ -10,9 +10,8 @@
 
 use crate::conn::Conn;
 use crate::error::{HttpError, ProxyError};
-use crate::exchange::REQUEST_ID_HEADER;
 use crate::http1::{self, Framing, ResponseHead};
-use crate::message::{HeaderLine, Request};
+use crate::message::{HeaderLine, REQUEST_ID_HEADER, Request};
 use kvroute_core::workers::Worker;
 use monoio::net::TcpStream;
 use std::cell::RefCell;
@@ -138,7 +137,12 @@ pub fn build_request(
     let mut out = Vec::with_capacity(512 + body.len());
     out.extend_from_slice(req.method.as_bytes());
     out.push(b' ');
-    out.extend_from_slice(req.path_and_query().as_bytes());
+    // An absolute-form target with an empty path goes as `/` (RFC 9112 §3.2.1).
+    let target = req.path_and_query();
+    if !target.starts_with('/') && (target.is_empty() || target.starts_with('?')) {
+        out.push(b'/');
+    }
+    out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     http1::push_header(&mut out, "host", worker.authority.as_bytes());
     let named = named_by_connection(|| req.headers.iter().map(|(n, v)| (n.as_bytes(), v)));

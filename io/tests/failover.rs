@@ -438,11 +438,11 @@ fn capture_upstream() -> (SocketAddr, std::thread::JoinHandle<String>) {
         }
         let body = r#"{"ok":true}"#;
         let resp = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: keep-alive, x-hop\r\nx-hop: secret\r\ncontent-length: {}\r\n\r\n{body}",
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive, X-Hop\r\nX-Hop: secret\r\nX-Request-Id: bogus\r\nX-Kvroute-Worker: 99\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
         s.write_all(resp.as_bytes()).unwrap();
-        String::from_utf8_lossy(&buf).to_lowercase()
+        String::from_utf8_lossy(&buf).into_owned()
     });
     (addr, h)
 }
@@ -472,7 +472,7 @@ fn api_keys_worker_keys_and_hop_by_hop_headers() {
     let body = br#"{"model":"m","prompt":"x"}"#;
     let req = |auth: &str| {
         let mut raw = format!(
-            "POST http://x/v1/completions HTTP/1.1\r\nHost: x\r\n{auth}Connection: close, X-Private\r\nX-Private: 1\r\nX-Request-Id: rid-9\r\nContent-Length: {}\r\n\r\n",
+            "POST http://x/v1/completions HTTP/1.1\r\nHost: x\r\n{auth}Connection: close, X-Private\r\nX-Private: 1\r\nX-Request-Id: rid-9\r\nX-Custom-Case: 1\r\nContent-Length: {}\r\n\r\n",
             body.len()
         )
         .into_bytes();
@@ -497,7 +497,24 @@ fn api_keys_worker_keys_and_hop_by_hop_headers() {
         None,
         "a header the worker named in Connection"
     );
-    let head = seen.join().unwrap();
+    assert_eq!(
+        r.header("x-kvroute-worker"),
+        Some("0"),
+        "kvroute's own, not the worker's"
+    );
+    assert_eq!(
+        r.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("x-request-id"))
+            .count(),
+        1
+    );
+    let raw = seen.join().unwrap();
+    assert!(
+        raw.contains("\r\nX-Custom-Case: 1\r\n"),
+        "forwarded as spelled: {raw}"
+    );
+    let head = raw.to_lowercase();
     assert_eq!(head.matches("authorization:").count(), 1, "{head}");
     assert!(
         head.contains(&format!("authorization: bearer {}", home.to_lowercase())),

@@ -192,8 +192,9 @@ pub const RETRY_BUDGET_CAP: u32 = 100;
 /// No new attempt of a request starts later than this after it arrived, s: a retry past it
 /// would outlive most clients' own timeouts (the OpenAI SDK's is 600 s, curl has none).
 pub const RETRY_DEADLINE_SECS: u64 = 60;
-/// Time allowed for a worker's first response byte after the request was sent, s; over → the
-/// attempt fails (retried elsewhere, else 504). It must cover queueing plus the prefill of a
+/// Time allowed for an attempt, from when it starts (connecting or taking a pooled
+/// connection, then sending the request) to the worker's first response body byte (or the
+/// end of a head with no body), s; over → the attempt fails (retried elsewhere, else 504). It must cover queueing plus the prefill of a
 /// long prompt: a 128k-token prompt prefills in ~25 s on one H100 for a 70B model
 /// (~5k tokens/s, engine-model.md §3's rates), several times that behind a queue. 120 s;
 /// a stopped engine is also caught by health checks within ~3 × the check interval.
@@ -203,7 +204,9 @@ pub const FIRST_BYTE_TIMEOUT_SECS: u64 = 120;
 /// costs two io_uring operations per request (a poll, then its cancellation when the worker
 /// answers first); a worker that answers within this never pays them, and a client that
 /// leaves is still noticed this much later at most, which is noise against a prefill worth
-/// cancelling (engine-model.md §3: a 2k-token prefill is ~0.4 s). 10 ms. Measured with
+/// cancelling (engine-model.md §3: a 2k-token prefill is ~0.4 s). The worker's health is
+/// watched from the same moment on (a stopped engine is caught by the next health check,
+/// seconds later, anyway). 10 ms. Measured with
 /// `perf stat -e io_uring:io_uring_submit_req` on `perf/compare.sh`'s round-robin server:
 /// perf/runs/2026-12-02-proxy-path.
 pub const CLIENT_WATCH_DELAY_MS: u64 = 10;

@@ -950,7 +950,8 @@ pub fn parse_worker_spec(spec: &str) -> Result<WorkerSpec, CoreError> {
 /// # Errors
 /// [`CoreError::BadWorkerUrl`]: not `http://`, a path, query or fragment after the port, no
 /// port, a port that is not a number 1–65535, an empty host, or a host with user info,
-/// whitespace or an unbracketed `:`.
+/// whitespace, a control character (the URL goes into `x-kvroute-worker-url` headers) or an
+/// unbracketed `:`.
 pub fn parse_worker_url(url: &str) -> Result<(String, String, u16), CoreError> {
     let bad = |problem| CoreError::BadWorkerUrl {
         url: url.to_string(),
@@ -977,8 +978,10 @@ pub fn parse_worker_url(url: &str) -> Result<(String, String, u16), CoreError> {
     if host.is_empty() {
         return Err(bad("must have a host"));
     }
-    if host.contains(|c: char| c == '@' || c.is_whitespace()) {
-        return Err(bad("host must not contain user info or whitespace"));
+    if host.contains(|c: char| c == '@' || c.is_whitespace() || c.is_control()) {
+        return Err(bad(
+            "host must not contain user info, whitespace or control characters",
+        ));
     }
     let port: u16 = port
         .parse()
@@ -1149,6 +1152,8 @@ mod tests {
             "http://::1:9",
             "http://[::1:9",
             "http://a b:1",
+            "http://a\u{0}b:1",
+            "http://a\u{7f}:1",
             "http://a:65536",
         ] {
             assert!(

@@ -6,7 +6,7 @@
 //! [`MAX_HEADERS`] header lines.
 
 use crate::error::HttpError;
-pub use crate::message::Headers;
+use crate::message::Headers;
 
 pub mod server;
 
@@ -72,7 +72,8 @@ pub enum Framing {
 pub struct RequestHead {
     /// Method, e.g. `POST`.
     pub method: String,
-    /// Request target as sent (origin form, e.g. `/v1/chat/completions?x=1`).
+    /// Request target as sent (origin form, e.g. `/v1/chat/completions?x=1`, or absolute
+    /// form, `http://host/v1/...`).
     pub target: String,
     /// Minor version: 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub minor_version: u8,
@@ -87,9 +88,9 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
-    /// Path of the target without the query string.
+    /// Path of the target without the query string (see [`crate::message::path_of`]).
     pub fn path(&self) -> &str {
-        self.target.split('?').next().unwrap_or("")
+        crate::message::path_of(&self.target)
     }
 }
 
@@ -542,8 +543,9 @@ mod tests {
         assert!(Headers::default().is_empty());
     }
 
-    /// The length mask refuses exactly the names the list does: every listed name in any
-    /// case, and names of every length up to 40 that are not listed.
+    /// Every listed name is hop-by-hop in any case, through the length mask; names of every
+    /// length up to 40 that are not listed (lengths past the mask's 32 bits included), and
+    /// common end-to-end names, are not.
     #[test]
     fn hop_by_hop_names_in_any_case() {
         for h in HOP_BY_HOP {

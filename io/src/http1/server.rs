@@ -55,16 +55,14 @@ pub async fn serve_connection<S: Transport>(ctx: ShardCtx, mut client: Conn<S>) 
             };
         let keep = head.keep_alive;
         let req = to_request(head, body, received);
-        let mut sink = Http1Sink::new(&mut client, keep);
-        sink.out = std::mem::take(&mut out);
+        let mut sink = Http1Sink::with_buffer(&mut client, keep, std::mem::take(&mut out));
         exchange::handle(&ctx, req, &mut sink).await;
         // Whatever the exchange left held (a head no data followed) reaches the client.
         let _ = sink.flush().await;
         if !sink.reusable() {
             return;
         }
-        // The write buffer (empty now) serves the connection's next response.
-        out = std::mem::take(&mut sink.out);
+        out = sink.into_buffer();
     }
 }
 
@@ -206,6 +204,11 @@ async fn send_continue<S: Transport>(client: &mut Conn<S>, head: &RequestHead) {
     }
 }
 
+/// Largest write buffer a connection keeps between responses, bytes: a proxied response's
+/// head and first chunk fit (a completion of a few hundred bytes, an SSE event), a `/metrics`
+/// page does not need to stay allocated per idle connection.
+const KEPT_BUFFER_BYTES: usize = 16 * 1024;
+
 /// The [`ResponseSink`] of one HTTP/1.1 exchange: writes the head with `content-length` or
 /// `transfer-encoding: chunked`, frames stream data as chunks, and says `connection: close`
 /// when the connection will not be reused.
@@ -245,6 +248,28 @@ impl<'a, S: Transport> Http1Sink<'a, S> {
             failed: false,
             out: Vec::new(),
         }
+    }
+
+    /// A sink on `client` writing through `out` (emptied first): a connection's buffer from
+    /// its previous response, so a response does not allocate one.
+    pub fn with_buffer(client: &'a mut Conn<S>, keep_alive: bool, mut out: Vec<u8>) -> Self {
+        out.clear();
+        Self {
+            out,
+            ..Self::new(client, keep_alive)
+        }
+    }
+
+    /// The write buffer, empty, for the connection's next response; dropped instead when it
+    /// grew past [`KEPT_BUFFER_BYTES`] (a `/metrics` page, a large first chunk), so an idle
+    /// keep-alive connection holds no more than that.
+    pub fn into_buffer(self) -> Vec<u8> {
+        let mut out = self.out;
+        if out.capacity() > KEPT_BUFFER_BYTES {
+            return Vec::new();
+        }
+        out.clear();
+        out
     }
 
     /// True when the connection may serve another request: the client asked for keep-alive,
