@@ -31,12 +31,10 @@ use std::time::Duration;
 /// cannot be bound (in use by another process, named).
 pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
     let cfg = cfg.validate()?;
-    let shards = cfg.shards.unwrap_or_else(|| {
-        core_affinity::get_core_ids()
-            .map(|c| c.len())
-            .filter(|&n| n > 0)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-    });
+    let mask_cores = core_affinity::get_core_ids().map_or(0, |c| c.len());
+    let usable = std::thread::available_parallelism().map_or(mask_cores.max(1), |n| n.get());
+    let shards = cfg.shards.unwrap_or(usable);
+    let pin = crate::shard::pins(cfg.pin_shards, mask_cores, usable);
     let api_keys = client_keys(&cfg)?;
     let workers = Arc::new(Workers::with_settings(&[], WorkerSettings::of(&cfg))?);
     let mut router = Router::new(&cfg);
@@ -82,7 +80,7 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
         None => (None, None),
     };
     let shared = Arc::new(Shared {
-        settings: Settings::of(&cfg, shards, force_epoll),
+        settings: Settings::of(&cfg, shards, pin, force_epoll),
         workers,
         router,
         events,

@@ -99,9 +99,14 @@ struct ServeArgs {
     /// Address to listen on, HOST:PORT.
     #[arg(long)]
     listen: Option<String>,
-    /// Shard threads, one per core [default: the cores this process may use].
+    /// Shard threads, one per core [default: the CPUs this process may use: affinity mask
+    /// and cgroup quota].
     #[arg(long)]
     shards: Option<usize>,
+    /// Pin each shard to a core: true or false [default: auto, pinned unless a cgroup CPU
+    /// quota is below the cores of the affinity mask].
+    #[arg(long)]
+    pin_shards: Option<bool>,
     /// Worker base URL, http://HOST:PORT (repeatable).
     #[arg(long = "worker")]
     workers: Vec<String>,
@@ -312,6 +317,9 @@ impl ServeArgs {
         }
         if self.shards.is_some() {
             cfg.shards = self.shards;
+        }
+        if self.pin_shards.is_some() {
+            cfg.pin_shards = self.pin_shards;
         }
         if !self.workers.is_empty() {
             cfg.workers = self.workers;

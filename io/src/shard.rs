@@ -150,6 +150,16 @@ fn bind_listeners(listen: &str, n: usize) -> std::io::Result<Vec<TcpListener>> {
     Ok(out)
 }
 
+/// Whether shard threads are pinned to cores: `setting` when given, else (auto) when the
+/// process may use every one of the `mask_cores` cores of its affinity mask (`usable`: what
+/// `std::thread::available_parallelism` reports, the mask's size capped by a cgroup CPU
+/// quota). A quota below the mask means the cores are shared with other tenants (a
+/// Kubernetes CPU limit without a static CPU-manager policy): pinning every such pod onto
+/// the mask's first cores would stack them there while other cores idle.
+pub fn pins(setting: Option<bool>, mask_cores: usize, usable: usize) -> bool {
+    setting.unwrap_or(mask_cores > 0 && usable >= mask_cores)
+}
+
 /// Starts the shards and returns once every listener is bound; `admin` is the admin API's
 /// address when it runs.
 ///
@@ -159,7 +169,11 @@ pub fn start(shared: Arc<Shared>, admin: Option<SocketAddr>) -> std::io::Result<
     let n = shared.settings.shards.max(1);
     let listeners = bind_listeners(&shared.settings.listen, n)?;
     let addr = listeners[0].local_addr()?;
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let cores = if shared.settings.pin_shards {
+        core_affinity::get_core_ids().unwrap_or_default()
+    } else {
+        Vec::new()
+    };
     let mut threads = Vec::with_capacity(n);
     for (i, listener) in listeners.into_iter().enumerate() {
         let shared = shared.clone();
@@ -169,7 +183,7 @@ pub fn start(shared: Arc<Shared>, admin: Option<SocketAddr>) -> std::io::Result<
             .spawn(move || run_shard(i, core, listener, shared))?;
         threads.push(t);
     }
-    tracing::info!(%addr, shards = n, "kvroute listening");
+    tracing::info!(%addr, shards = n, pinned = !cores.is_empty(), "kvroute listening");
     Ok(Server {
         addr,
         admin,
@@ -317,4 +331,32 @@ async fn refuse(stream: monoio::net::TcpStream) {
     .into_bytes();
     out.extend_from_slice(&body);
     let _ = conn.write_all(out).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pins;
+
+    /// Auto pins when the whole affinity mask is usable, not under a smaller CPU quota nor
+    /// without a known mask; an explicit setting always wins.
+    #[test]
+    fn pinning_follows_the_quota_unless_set() {
+        // (setting, cores in the mask, usable CPUs) -> pinned
+        let cases = [
+            (None, 8, 8, true),
+            (None, 2, 2, true),
+            (None, 64, 2, false),
+            (None, 0, 4, false),
+            (Some(true), 64, 2, true),
+            (Some(false), 8, 8, false),
+            (Some(true), 0, 1, true),
+        ];
+        for (setting, mask, usable, want) in cases {
+            assert_eq!(
+                pins(setting, mask, usable),
+                want,
+                "{setting:?} {mask} {usable}"
+            );
+        }
+    }
 }

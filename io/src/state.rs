@@ -19,8 +19,11 @@ use std::time::Duration;
 pub struct Settings {
     /// Address to listen on; port 0 picks a free port (tests).
     pub listen: String,
-    /// Shard threads; each is pinned to one of the cores the process may use.
+    /// Shard threads.
     pub shards: usize,
+    /// Each shard thread is pinned to one core of the process's affinity mask
+    /// ([`crate::shard::pins`]).
+    pub pin_shards: bool,
     /// Largest request body, in bytes (413 above).
     pub max_body_bytes: usize,
     /// Largest request head, in bytes (431 above).
@@ -61,11 +64,12 @@ pub struct Settings {
 
 impl Settings {
     /// The settings of a validated `cfg`.
-    pub fn of(cfg: &Config, shards: usize, force_epoll: bool) -> Self {
+    pub fn of(cfg: &Config, shards: usize, pin_shards: bool, force_epoll: bool) -> Self {
         let secs = Duration::from_secs;
         Self {
             listen: cfg.listen.clone(),
             shards,
+            pin_shards,
             max_body_bytes: cfg.max_body_bytes,
             max_head_bytes: defaults::MAX_HEAD_BYTES,
             request_timeout: secs(cfg.request_timeout_secs),

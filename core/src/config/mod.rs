@@ -407,8 +407,15 @@ pub enum LogFormat {
 pub struct Config {
     /// Listen address, `HOST:PORT` ([`defaults::LISTEN`]).
     pub listen: String,
-    /// Shard threads; `None` = one per core the process may use.
+    /// Shard threads; `None` = one per CPU the process may use (its affinity mask and its
+    /// cgroup CPU quota, as `std::thread::available_parallelism` reads them).
     pub shards: Option<usize>,
+    /// Pin each shard thread to one core of the process's affinity mask. `None` (auto): pin
+    /// when the process may use every core of its mask; under a cgroup CPU quota smaller than
+    /// its mask (a Kubernetes CPU limit without a static CPU-manager policy) the cores are
+    /// shared with other pods, and every pod pinning onto the mask's first cores would stack
+    /// them there, so the scheduler places the threads instead.
+    pub pin_shards: Option<bool>,
     /// Worker specs, `http://host:port` optionally followed by `;events=tcp://h:p;replay=tcp://h:p;dp=N`
     /// ([`parse_worker_spec`]); ids are positions in this list.
     pub workers: Vec<String>,
@@ -549,6 +556,7 @@ impl Default for Config {
         Self {
             listen: defaults::LISTEN.to_string(),
             shards: None,
+            pin_shards: None,
             workers: Vec::new(),
             worker_dns: Vec::new(),
             dns_refresh_secs: defaults::DNS_REFRESH_SECS,
@@ -1082,6 +1090,7 @@ mod tests {
         let text = r#"
             listen = "0.0.0.0:9000"
             shards = 2
+            pin_shards = false
             workers = ["http://h1:8101", "http://[::1]:8102/"]
             policy = "least_request"
             cache_threshold = 0.25
@@ -1096,6 +1105,7 @@ mod tests {
         let want = Config {
             listen: "0.0.0.0:9000".into(),
             shards: Some(2),
+            pin_shards: Some(false),
             workers: vec!["http://h1:8101".into(), "http://[::1]:8102/".into()],
             policy: PolicyKind::LeastRequest,
             cache_threshold: 0.25,
