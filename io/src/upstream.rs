@@ -139,7 +139,7 @@ pub fn build_request(
     out.push(b' ');
     // An absolute-form target with an empty path goes as `/` (RFC 9112 §3.2.1).
     let target = req.path_and_query();
-    if !target.starts_with('/') && (target.is_empty() || target.starts_with('?')) {
+    if target.is_empty() || target.starts_with('?') {
         out.push(b'/');
     }
     out.extend_from_slice(target.as_bytes());
