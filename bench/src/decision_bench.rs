@@ -3,8 +3,9 @@
 //!
 //! ```text
 //! body parse + chat template render + tokenize (ShardTokenizers::route: the chat prefix
-//!   cache, else route_key then attach) → block keys and lengths (Router::request) → fleet snapshot (Workers::snapshot)
-//!   → policy (Router::decide_request) → booking + load guard (Worker::acquire_booked)
+//!   cache, else route_key then attach) → block keys and lengths (Router::request)
+//!   → fleet snapshot and policy (Router::decide_on: the whole fleet, or a large fleet's
+//!   candidate set) → booking + load guard (Worker::acquire_booked)
 //!   → record in the indexes (Router::record)
 //! ```
 //!
@@ -24,7 +25,7 @@
 
 use hdrhistogram::Histogram;
 use kvroute_core::config::{Config, PolicyKind, defaults};
-use kvroute_core::policy::{Router, Snapshot};
+use kvroute_core::policy::Router;
 use kvroute_core::route_key::Endpoint;
 use kvroute_core::tokens::Tokenizers;
 use kvroute_core::workers::Workers;
@@ -63,7 +64,7 @@ pub fn policies() -> [PolicyKind; 2] {
 }
 
 /// The stages of one decision, in order (report keys).
-pub(crate) const STAGES: [&str; 5] = ["parse_tokenize", "facts", "snapshot", "decide", "record"];
+pub(crate) const STAGES: [&str; 5] = ["parse_tokenize", "facts", "decide", "book", "record"];
 
 /// The body of turn `turn` (1-based) of conversation `conv` in a chat of `size` tokens.
 fn chat_body(words: &WordIds, system: &str, conv: u64, turn: usize, size: usize) -> Vec<u8> {
@@ -106,7 +107,7 @@ pub(crate) struct Timed {
 }
 
 /// Routes chat `body` as the gateway does, at virtual time `seq` ms: parse and tokenize,
-/// facts, fleet snapshot, decide and book (a load guard, released right after its first
+/// facts, fleet snapshot and policy, book (a load guard, released right after its first
 /// token), record. Shared by `bench decision` and `bench fleet`.
 ///
 /// # Errors
@@ -129,22 +130,17 @@ pub(crate) fn timed_decision(
     let tokenize = ns_since(&mut t);
     let facts = router.request(&key);
     let facts_ns = ns_since(&mut t);
-    let view = workers.snapshot(&key.model, &[], now);
-    let snapshot = ns_since(&mut t);
-    let snap = Snapshot {
-        workers: &view.workers,
-        eligible: &view.eligible,
-        seq,
-        now_ms: now,
-    };
-    let decision = router.decide_request(&snap, &facts, rng);
-    let booking = router.booking_request(&snap, &facts, &decision);
+    let (view, decision) = router
+        .decide_on(workers, &[], seq, now, &facts, rng)
+        .ok_or("no eligible worker")?;
+    let decide = ns_since(&mut t);
+    let booking = router.booking_request(&view.snapshot(seq, now), &facts, &decision);
     let worker = view
         .worker(decision.worker)
         .cloned()
         .ok_or("no such worker")?;
     let guard = worker.acquire_booked(booking, now as f64);
-    let decide = ns_since(&mut t);
+    let book = ns_since(&mut t);
     router.record(&key, &decision, now);
     let record = ns_since(&mut t);
     let whole = (start.elapsed().as_nanos() as u64).max(1);
@@ -154,7 +150,7 @@ pub(crate) fn timed_decision(
     Ok(Timed {
         reused_tokens: attached.reused_tokens,
         key,
-        stages: [tokenize, facts_ns, snapshot, decide, record],
+        stages: [tokenize, facts_ns, decide, book, record],
         whole,
     })
 }

@@ -44,7 +44,7 @@ use kvroute_core::config::{Config, defaults};
 use kvroute_core::events::{
     BlockRemoved, BlockStored, EventBatch, EventIndex, EventIndexSettings, KvEvent, StreamId,
 };
-use kvroute_core::policy::{Router, Snapshot};
+use kvroute_core::policy::Router;
 use kvroute_core::route_key::Endpoint;
 use kvroute_core::tokens::Tokenizers;
 use kvroute_core::workers::Workers;
@@ -521,12 +521,7 @@ fn decide_loop(
             // The index lookup alone, untimed above: the same facts on a fresh snapshot.
             let facts = router.request(&timed.key);
             let view = fleet.snapshot(&timed.key.model, &[], seq - 1);
-            let snap = Snapshot {
-                workers: &view.workers,
-                eligible: &view.eligible,
-                seq: seq - 1,
-                now_ms: seq - 1,
-            };
+            let snap = view.snapshot(seq - 1, seq - 1);
             let t = Instant::now();
             let ov = router.overlaps(&snap, &facts);
             d.lookup.record((t.elapsed().as_nanos() as u64).max(1))?;

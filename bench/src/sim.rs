@@ -454,6 +454,7 @@ fn route(
     let loads: Vec<WorkerLoad> = workers.iter().iter().map(|w| w.load_view(now_ms)).collect();
     let snap = Snapshot {
         workers: &loads,
+        ids: &[],
         eligible,
         seq,
         now_ms: now_ms as u64,

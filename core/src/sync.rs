@@ -432,6 +432,7 @@ mod tests {
         let loads = vec![WorkerLoad::default(); 2];
         let snap = Snapshot {
             workers: &loads,
+            ids: &[],
             eligible: &[0, 1],
             seq: 0,
             now_ms: 1,
@@ -477,6 +478,7 @@ mod tests {
         let loads = vec![WorkerLoad::default(); 2];
         let snap = Snapshot {
             workers: &loads,
+            ids: &[],
             eligible: &[0, 1],
             seq: 0,
             now_ms: 20,

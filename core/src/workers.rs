@@ -594,8 +594,12 @@ impl WorkerLoad {
 pub struct FleetView {
     /// The registry's slots at snapshot time (`None`: a removed worker).
     pub slots: Arc<Vec<Option<Arc<Worker>>>>,
-    /// Load by worker id, one per slot (default, all 0, for removed workers).
+    /// Loads: by worker id, one per slot (default, all 0, for removed workers), when `ids` is
+    /// empty; else one per entry of `ids`.
     pub workers: Vec<WorkerLoad>,
+    /// The worker id of each entry of `workers`, ascending, for a view of a candidate set
+    /// ([`Workers::snapshot_among`]); empty for a view of every slot.
+    pub ids: Vec<usize>,
     /// Eligible worker ids, ascending.
     pub eligible: Vec<usize>,
 }
@@ -604,6 +608,17 @@ impl FleetView {
     /// The worker with id `id`, if it was in the registry.
     pub fn worker(&self, id: usize) -> Option<&Arc<Worker>> {
         self.slots.get(id).and_then(Option::as_ref)
+    }
+
+    /// What a policy reads of this view, for the request numbered `seq` at `now_ms`.
+    pub fn snapshot(&self, seq: u64, now_ms: u64) -> crate::policy::Snapshot<'_> {
+        crate::policy::Snapshot {
+            workers: &self.workers,
+            ids: &self.ids,
+            eligible: &self.eligible,
+            seq,
+            now_ms,
+        }
     }
 }
 
@@ -817,8 +832,40 @@ impl Workers {
         FleetView {
             slots,
             workers: loads,
+            ids: Vec::new(),
             eligible,
         }
+    }
+
+    /// [`Workers::snapshot`] of the workers `ids` only (ascending, no duplicates: a
+    /// decision's candidate set, [`crate::policy::Router::decide_on`]): the view holds the
+    /// loads of those of them present, and the eligible among them. O(|ids|).
+    pub fn snapshot_among(
+        &self,
+        model: &str,
+        vetoed: &[usize],
+        now_ms: u64,
+        ids: &[usize],
+    ) -> FleetView {
+        let slots = self.slots.load_full();
+        let key = model_key(model);
+        let mut view = FleetView {
+            workers: Vec::with_capacity(ids.len()),
+            ids: Vec::with_capacity(ids.len()),
+            eligible: Vec::with_capacity(ids.len()),
+            slots: Arc::clone(&slots),
+        };
+        for &id in ids {
+            let Some(Some(w)) = slots.get(id) else {
+                continue;
+            };
+            view.workers.push(w.load_view(now_ms as f64));
+            view.ids.push(id);
+            if w.is_available(now_ms) && w.serves_key(model, key) && !vetoed.contains(&id) {
+                view.eligible.push(id);
+            }
+        }
+        view
     }
 
     /// True when some present worker (in any state) serves `model`: a request for a model

@@ -31,7 +31,7 @@ use crate::upstream::{self, Pool};
 use kvroute_core::config::defaults;
 use kvroute_core::health::{Outcome, is_retryable_status};
 use kvroute_core::metrics::Format;
-use kvroute_core::policy::{Decision, Snapshot};
+use kvroute_core::policy::Decision;
 use kvroute_core::route_key::{Endpoint, RouteKey};
 use kvroute_core::tokens::{ROUTING_TOKENS_HEADER, ShardTokenizers};
 use kvroute_core::workers::{LoadGuard, ModelStanding, Worker};
@@ -420,17 +420,14 @@ async fn attempts(
     let facts = shared.router.request(key);
     loop {
         let now = shared.now_ms();
-        let view = shared.workers.snapshot(&key.model, tried, now);
-        if view.eligible.is_empty() {
+        let Some((view, decision)) =
+            shared
+                .router
+                .decide_on(&shared.workers, tried, seq, now, &facts, &mut rng)
+        else {
             return Err(Stop::NoWorker(last));
-        }
-        let snap = Snapshot {
-            workers: &view.workers,
-            eligible: &view.eligible,
-            seq,
-            now_ms: now,
         };
-        let decision = shared.router.decide_request(&snap, &facts, &mut rng);
+        let snap = view.snapshot(seq, now);
         shared
             .metrics
             .on_decision(shared.policy_name, decision.reason.as_str());

@@ -193,12 +193,20 @@ fn no_phantom_load(replicas: &[&Server]) {
                 .map(|w| (w.in_flight(), w.peer_requests()))
                 .collect()
         };
-        // A response's last bytes reach the client just before its guard drops.
+        // A response's last bytes reach the client just before its guard drops, and a peer's
+        // `routed` for its last request may reach this replica only after that client has its
+        // answer: wait for no load, then long enough for such a late `routed` and the `done`
+        // its publisher sent after it (in order, over loopback) to land, and look again.
+        let idle = || loads().iter().all(|&l| l == (0, 0));
         assert!(
-            wait_until(Duration::from_secs(5), || loads()
-                .iter()
-                .all(|&l| l == (0, 0))),
+            wait_until(Duration::from_secs(5), idle),
             "load left (own, peers) per worker: {:?}",
+            loads()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            idle(),
+            "load came back (own, peers) per worker: {:?}",
             loads()
         );
         for w in r.shared().workers.iter() {

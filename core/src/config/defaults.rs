@@ -121,6 +121,21 @@ pub const TTFT_DECODE_WEIGHT: f64 = 0.5;
 /// Prompt chars per token, for text requests. Source: OpenAI's rule of thumb for English ("1
 /// token ≈ 4 characters", help.openai.com "What are tokens").
 pub const CHARS_PER_TOKEN: f64 = 4.0;
+/// Worker slots up to which a decision snapshots and scores every worker. Above it kvroute's
+/// own load and cost policies score a candidate set ([`CANDIDATE_HOLDERS`] +
+/// [`CANDIDATE_SAMPLE`]), so a decision costs O(candidates). 256: a whole decision visits
+/// ~50 ns per worker (snapshot ~34 ns, policy ~16 ns, `kvroute bench fleet` at 4,096 workers,
+/// perf/runs/2026-12-02-fleet-2), so 256 workers cost ~13 µs, under the 8k-token decision's
+/// own ~17 µs; past it the worker scan would dominate the decision.
+pub const FULL_SCAN_WORKERS: usize = 256;
+/// Deepest prefix holders a candidate set takes from each index answer: 32, twice
+/// `kvroute bench fleet`'s 16 workers per shared document, so every holder of a document
+/// replicated that widely is scored. kvroute's choice.
+pub const CANDIDATE_HOLDERS: usize = 32;
+/// Workers a candidate set draws at random (power of d choices, d = 32: the least loaded
+/// draw is in the lightest ~3 % of the fleet in expectation; `policy::candidates`).
+/// kvroute's choice.
+pub const CANDIDATE_SAMPLE: usize = 32;
 /// Per-model string tree budget, chars, counted once per tenant holding a node. Source: SMG
 /// `--max-tree-size` 67,108,864.
 pub const MAX_TREE_SIZE_CHARS: usize = 67_108_864;

@@ -175,6 +175,15 @@ pub struct PolicyKnobs {
     /// Prompt chars per token, for text requests' token estimates
     /// ([`defaults::CHARS_PER_TOKEN`]); > 0.
     pub chars_per_token: f64,
+    /// Fleets of up to this many worker slots are snapshot and scored whole; above it,
+    /// kvroute's own load and cost policies score a candidate set
+    /// ([`crate::policy::Router::decide_on`], [`defaults::FULL_SCAN_WORKERS`]).
+    pub full_scan_workers: usize,
+    /// Candidate set: the deepest prefix holders taken from each index answer
+    /// ([`defaults::CANDIDATE_HOLDERS`]).
+    pub candidate_holders: usize,
+    /// Candidate set: workers drawn at random ([`defaults::CANDIDATE_SAMPLE`]); ≥ 2.
+    pub candidate_sample: usize,
 }
 
 impl Default for PolicyKnobs {
@@ -199,6 +208,9 @@ impl Default for PolicyKnobs {
             ttft_no_fit_ms: defaults::TTFT_NO_FIT_MS,
             ttft_decode_weight: defaults::TTFT_DECODE_WEIGHT,
             chars_per_token: defaults::CHARS_PER_TOKEN,
+            full_scan_workers: defaults::FULL_SCAN_WORKERS,
+            candidate_holders: defaults::CANDIDATE_HOLDERS,
+            candidate_sample: defaults::CANDIDATE_SAMPLE,
         }
     }
 }
@@ -323,6 +335,12 @@ impl PolicyKnobs {
                 k.chars_per_token,
                 k.chars_per_token.is_finite() && k.chars_per_token > 0.0,
                 "> 0",
+            ),
+            (
+                "candidate_sample",
+                k.candidate_sample as f64,
+                k.candidate_sample >= 2,
+                ">= 2",
             ),
         ]
         .into_iter()

@@ -404,24 +404,42 @@ impl EventReader {
     /// as [`positional::EventIndex::find_matches`] (jump search, O(len / 32) probes when no
     /// stream has a hole).
     pub fn find_matches(&self, keys: &[u64]) -> Vec<Match> {
-        self.index
-            .find_matches(keys)
-            .0
-            .into_iter()
-            .filter_map(|(id, blocks)| {
-                if self.hidden.get(id as usize)?.load(Ordering::Acquire) {
-                    return None;
-                }
-                let o = self.owners.get(id as usize)?.load(Ordering::Acquire);
-                (o != u64::MAX).then_some(Match {
-                    stream: StreamId {
-                        worker: (o >> 32) as u32,
-                        rank: o as u32,
-                    },
-                    blocks: blocks as usize,
-                })
+        let found = self.index.find_matches(keys).0;
+        let mut out = Vec::with_capacity(found.len());
+        out.extend(found.into_iter().filter_map(|(id, blocks)| {
+            self.owner(id).map(|stream| Match {
+                stream,
+                blocks: blocks as usize,
             })
-            .collect()
+        }));
+        out
+    }
+
+    /// [`Self::find_matches`] as `(worker, matched tokens)`: `blocks × block size`, one
+    /// entry per (worker, DP rank) stream, in stream order; one allocation of the answer's
+    /// size, the layout a policy reads ([`crate::policy::prefix::PrefixIndex`]).
+    pub fn worker_tokens(&self, keys: &[u64]) -> Vec<(u32, usize)> {
+        let bs = self.block_size();
+        let found = self.index.find_matches(keys).0;
+        let mut out = Vec::with_capacity(found.len());
+        out.extend(found.into_iter().filter_map(|(id, blocks)| {
+            self.owner(id)
+                .map(|stream| (stream.worker, blocks as usize * bs))
+        }));
+        out
+    }
+
+    /// The stream of dense id `id`, `None` when hidden or unassigned.
+    #[inline]
+    fn owner(&self, id: u32) -> Option<StreamId> {
+        if self.hidden.get(id as usize)?.load(Ordering::Acquire) {
+            return None;
+        }
+        let o = self.owners.get(id as usize)?.load(Ordering::Acquire);
+        (o != u64::MAX).then_some(StreamId {
+            worker: (o >> 32) as u32,
+            rank: o as u32,
+        })
     }
 }
 

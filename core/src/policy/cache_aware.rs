@@ -154,7 +154,7 @@ pub fn decide(
     let usages = snap
         .eligible
         .iter()
-        .filter_map(|&w| snap.workers[w].active.engine.and_then(|e| e.kv_usage));
+        .filter_map(|&w| snap.load(w).active.engine.and_then(|e| e.kv_usage));
     let (lo, hi) = usages.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), u| {
         (lo.min(u), hi.max(u))
     });
@@ -247,7 +247,7 @@ fn hit(ov: &Overlaps, w: usize) -> Reason {
 /// Worker `w`'s booked prefill blocks beyond the least booked eligible worker's, per request
 /// block (step 4's x).
 fn excess(snap: &Snapshot<'_>, req: &Request<'_>, w: usize) -> f64 {
-    let booked = |w: usize| snap.workers[w].active.prefill_tokens;
+    let booked = |w: usize| snap.load(w).active.prefill_tokens;
     let min = snap.eligible.iter().map(|&w| booked(w)).min().unwrap_or(0);
     (booked(w) - min.min(booked(w))) as f64 / req.block_size as f64 / req.blocks().max(1.0)
 }

@@ -85,7 +85,7 @@ pub fn costs(
 ) -> Vec<(usize, f64)> {
     let bs = req.block_size as f64;
     let request_blocks = req.blocks().max(f64::MIN_POSITIVE);
-    let booked = |w: usize| snap.workers[w].active.prefill_tokens as f64;
+    let booked = |w: usize| snap.load(w).active.prefill_tokens as f64;
     let min = snap
         .eligible
         .iter()
@@ -98,7 +98,7 @@ pub fn costs(
             let decay = 1.0 / (1.0 + p.credit_decay * excess / request_blocks);
             let credit = p.credit * decay * (ov.tokens(w) as f64 / bs);
             let prefill = ((booked(w) + req.prompt_tokens as f64) / bs - credit).max(0.0);
-            let wl = &snap.workers[w];
+            let wl = snap.load(w);
             let cost = p.prefill_load_scale * prefill
                 + wl.active.decode_blocks as f64
                 + p.decode_active_request_weight * wl.requests as f64;

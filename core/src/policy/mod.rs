@@ -35,6 +35,7 @@
 //! ([`crate::events::EventReader`]) is fed by engine events only.
 
 mod cache_aware;
+pub mod candidates;
 mod consistent_hash;
 mod kv_aware;
 mod least_load;
@@ -65,6 +66,7 @@ use std::time::Instant;
 
 pub use crate::config::CacheIndexKind;
 pub use crate::workers::WorkerLoad;
+use crate::workers::{FleetView, Workers};
 pub use cache_aware::{CacheAwareParams, SPILL_NEAR_LOAD, SpillGate};
 pub use consistent_hash::{Ring, VIRTUAL_NODES};
 pub use kv_aware::KvParams;
@@ -192,11 +194,15 @@ impl Decision {
 /// looks past it.
 #[derive(Debug, Clone, Copy)]
 pub struct Snapshot<'a> {
-    /// Load by worker id, one entry per worker slot.
+    /// Loads: by worker id, one entry per worker slot, when `ids` is empty; else one per
+    /// entry of `ids`. Read them with [`Snapshot::load`].
     pub workers: &'a [WorkerLoad],
+    /// The worker id of each entry of `workers`, ascending, when the snapshot is a large
+    /// fleet's candidate set ([`Router::decide_on`]); empty when `workers` is by worker id.
+    pub ids: &'a [usize],
     /// Ids the request may go to (healthy, breaker not open, serving its model, not draining,
-    /// not vetoed by an earlier attempt), ascending; every id `< workers.len()`. Must not be
-    /// empty (the caller answers 503 instead of deciding).
+    /// not vetoed by an earlier attempt), ascending; every id has a load in `workers`. Must
+    /// not be empty (the caller answers 503 instead of deciding).
     pub eligible: &'a [usize],
     /// The request's sequence number: round_robin's turn (`eligible[seq % len]`), so the
     /// policy keeps no counter of its own.
@@ -211,9 +217,25 @@ impl<'a> Snapshot<'a> {
         self.eligible.binary_search(&w).is_ok()
     }
 
+    /// The load of worker `w`.
+    ///
+    /// # Panics
+    /// When `w` has no load in the snapshot (past the slots, or not a candidate).
+    pub fn load(&self, w: usize) -> &'a WorkerLoad {
+        self.get(w).expect("a worker of the snapshot")
+    }
+
+    /// The load of worker `w`, `None` when the snapshot has none for it.
+    pub fn get(&self, w: usize) -> Option<&'a WorkerLoad> {
+        if self.ids.is_empty() {
+            return self.workers.get(w);
+        }
+        self.ids.binary_search(&w).ok().map(|i| &self.workers[i])
+    }
+
     /// Requests on worker `w` (in flight + foreign).
     pub fn requests(&self, w: usize) -> usize {
-        self.workers[w].requests
+        self.load(w).requests
     }
 
     /// The eligible worker with the fewest requests, ties at random (B1).
@@ -242,7 +264,7 @@ impl<'a> Snapshot<'a> {
         let dark = !self
             .eligible
             .iter()
-            .any(|&w| self.workers[w].active.engine.is_some());
+            .any(|&w| self.load(w).active.engine.is_some());
         wait::pick_min(candidates, |w| expected_wait_s(self, w, dark), rng)
     }
 }
@@ -349,6 +371,63 @@ fn apply_hash(h: &mut HashIndex, op: &HashOp) {
     }
 }
 
+/// One index's answer for a request ([`PrefixIndex::overlaps`]: the workers holding any of
+/// it), before it is laid out over a snapshot's workers.
+#[derive(Debug, Clone)]
+struct Answer {
+    source: Source,
+    unit: Unit,
+    /// (worker, matched units), sorted by worker, one entry per worker.
+    found: Vec<(TenantId, usize)>,
+    /// The request's length, units (≥ 1).
+    len: usize,
+    tokens_per_unit: f64,
+}
+
+impl Answer {
+    /// The answer by worker over `snap`'s workers (every slot, or its candidate set).
+    fn lay_out(&self, snap: &Snapshot<'_>) -> Overlaps {
+        let (s, u, f, len, t) = (
+            self.source,
+            self.unit,
+            &self.found,
+            self.len,
+            self.tokens_per_unit,
+        );
+        if snap.ids.is_empty() {
+            Overlaps::from_index(s, u, f, snap.workers.len(), len, t)
+        } else {
+            Overlaps::from_index_among(s, u, f, snap.ids, len, t)
+        }
+    }
+}
+
+/// `found` sorted by worker with one entry per worker, its largest overlap.
+fn by_worker(found: &mut Vec<(TenantId, usize)>) {
+    if !found.is_sorted() {
+        found.sort_unstable();
+    }
+    // The last of each worker's run is its largest.
+    found.dedup_by(|later, earlier| {
+        let same = later.0 == earlier.0;
+        if same {
+            earlier.1 = later.1;
+        }
+        same
+    });
+}
+
+/// The index query of `req` at `now_ms`.
+fn query<'r>(req: &'r Request<'_>, now_ms: u64) -> Query<'r> {
+    Query {
+        text: &req.key.text,
+        ids: req.ids,
+        block_keys: &req.block_keys,
+        block_size: req.block_size,
+        now_ms,
+    }
+}
+
 /// The indexes of one model, each readable without locks.
 pub struct ModelIndexes {
     /// Text requests (chars).
@@ -372,6 +451,9 @@ struct Params {
     hash_load_factor: f64,
     chars_per_token: f64,
     rule: OverlapRule,
+    full_scan: usize,
+    holders: usize,
+    sample: usize,
 }
 
 impl Params {
@@ -406,6 +488,9 @@ impl Params {
             hash_load_factor: k.hash_load_factor,
             chars_per_token: k.chars_per_token,
             rule,
+            full_scan: k.full_scan_workers,
+            holders: k.candidate_holders,
+            sample: k.candidate_sample,
         }
     }
 }
@@ -514,86 +599,97 @@ impl Router {
         }
     }
 
-    /// The overlaps of `req` with every worker slot of `snap`, from the index its policy's
+    /// The overlaps of `req` with every worker of `snap`, from the index its policy's
     /// [`OverlapRule`] picks (see [`prefix`]). Reads only.
     pub fn overlaps(&self, snap: &Snapshot<'_>, req: &Request<'_>) -> Overlaps {
-        let n = snap.workers.len();
+        let events = self.event_answer(req, snap.now_ms);
+        self.pick(snap, events.as_ref(), || self.tree_answer(req, snap.now_ms))
+    }
+
+    /// The event index's answer for `req`: `None` without token ids, without an event
+    /// index, or while it holds nothing.
+    fn event_answer(&self, req: &Request<'_>, now_ms: u64) -> Option<Answer> {
+        let ev = self.events.as_ref().filter(|e| !e.is_empty())?;
+        req.ids?;
+        Some(Answer {
+            source: Source::Events,
+            unit: Unit::Tokens,
+            found: ev.overlaps(req.key.namespace, &query(req, now_ms)),
+            len: req.prompt_tokens.max(1) as usize,
+            tokens_per_unit: 1.0,
+        })
+    }
+
+    /// The approximate index's answer for `req` (the model's hash index, token tree or
+    /// string tree, raised to what peer replicas reported), `Source::None` without one.
+    fn tree_answer(&self, req: &Request<'_>, now_ms: u64) -> Answer {
         let ns: Namespace = req.key.namespace;
-        let q = Query {
-            text: &req.key.text,
-            ids: req.ids,
-            block_keys: &req.block_keys,
-            block_size: req.block_size,
-            now_ms: snap.now_ms,
+        let q = query(req, now_ms);
+        let tokens_per_char = req.prompt_tokens as f64 / req.chars.max(1) as f64;
+        let (source, unit, len, tokens_per_unit) = match req.ids {
+            Some(_) => (
+                Source::None,
+                Unit::Tokens,
+                req.prompt_tokens.max(1) as usize,
+                1.0,
+            ),
+            None => (Source::None, Unit::Chars, req.chars, tokens_per_char),
         };
-        let token_len = req.prompt_tokens.max(1) as usize;
-        if let (Some(_), Some(ev)) = (req.ids, &self.events)
-            && !ev.is_empty()
-        {
-            {
-                let o = Overlaps::from_index(
-                    Source::Events,
-                    Unit::Tokens,
-                    &ev.overlaps(ns, &q),
-                    n,
-                    token_len,
-                    1.0,
-                );
-                match self.params.rule {
-                    OverlapRule::EventsOnly => return o,
-                    OverlapRule::EventsThenTree { threshold } => {
-                        if snap.eligible.iter().any(|&w| o.ratio(w) > threshold) {
-                            return o;
-                        }
+        let mut a = Answer {
+            source,
+            unit,
+            found: Vec::new(),
+            len: len.max(1),
+            tokens_per_unit,
+        };
+        let Some(idx) = self.existing_model(&req.key.model) else {
+            return a;
+        };
+        match (req.ids, &idx.hash) {
+            (Some(_), Some(h)) => {
+                a.source = Source::HashIndex;
+                a.found = h.read().overlaps(ns, &q);
+                by_worker(&mut a.found);
+            }
+            (Some(_), None) => {
+                a.source = Source::TokenTree;
+                a.found = idx.tokens.read().overlaps(ns, &q);
+                by_worker(&mut a.found);
+                self.with_peers(&mut a, &idx, req, now_ms);
+            }
+            // Text in hash mode: no index.
+            (None, Some(_)) => {}
+            (None, None) => {
+                a.source = Source::StringTree;
+                a.found = idx.strings.read().overlaps(ns, &q);
+                by_worker(&mut a.found);
+                self.with_peers(&mut a, &idx, req, now_ms);
+            }
+        }
+        a
+    }
+
+    /// The overlaps a decision on `snap` reads: the event index's answer `events` when the
+    /// policy's [`OverlapRule`] takes it, else the approximate index's (`tree`, asked only
+    /// then), laid out over the snapshot's workers.
+    fn pick(
+        &self,
+        snap: &Snapshot<'_>,
+        events: Option<&Answer>,
+        tree: impl FnOnce() -> Answer,
+    ) -> Overlaps {
+        if let Some(a) = events {
+            let o = a.lay_out(snap);
+            match self.params.rule {
+                OverlapRule::EventsOnly => return o,
+                OverlapRule::EventsThenTree { threshold } => {
+                    if snap.eligible.iter().any(|&w| o.ratio(w) > threshold) {
+                        return o;
                     }
                 }
             }
         }
-        let tokens_per_char = req.prompt_tokens as f64 / req.chars.max(1) as f64;
-        let Some(idx) = self.existing_model(&req.key.model) else {
-            return match req.ids {
-                Some(_) => Overlaps::none(n, token_len, Unit::Tokens, 1.0),
-                None => Overlaps::none(n, req.chars, Unit::Chars, tokens_per_char),
-            };
-        };
-        match (req.ids, &idx.hash) {
-            (Some(_), Some(h)) => Overlaps::from_index(
-                Source::HashIndex,
-                Unit::Tokens,
-                &h.read().overlaps(ns, &q),
-                n,
-                token_len,
-                1.0,
-            ),
-            (Some(_), None) => self.with_peers(
-                Overlaps::from_index(
-                    Source::TokenTree,
-                    Unit::Tokens,
-                    &idx.tokens.read().overlaps(ns, &q),
-                    n,
-                    token_len,
-                    1.0,
-                ),
-                &idx,
-                req,
-                snap.now_ms,
-            ),
-            // Text in hash mode: no index.
-            (None, Some(_)) => Overlaps::none(n, req.chars, Unit::Chars, tokens_per_char),
-            (None, None) => self.with_peers(
-                Overlaps::from_index(
-                    Source::StringTree,
-                    Unit::Chars,
-                    &idx.strings.read().overlaps(ns, &q),
-                    n,
-                    req.chars,
-                    tokens_per_char,
-                ),
-                &idx,
-                req,
-                snap.now_ms,
-            ),
-        }
+        tree().lay_out(snap)
     }
 
     /// Chooses a worker among `snap.eligible` for `key`. Read-only: nothing is written into
@@ -619,6 +715,18 @@ impl Router {
         &self,
         snap: &Snapshot<'_>,
         req: &Request<'_>,
+        rng: &mut impl Rng,
+    ) -> Decision {
+        self.select(snap, req, || self.overlaps(snap, req), rng)
+    }
+
+    /// The policy's selector on `snap`, reading the overlaps `ov` makes only if it reads
+    /// overlaps at all.
+    fn select(
+        &self,
+        snap: &Snapshot<'_>,
+        req: &Request<'_>,
+        ov: impl FnOnce() -> Overlaps,
         rng: &mut impl Rng,
     ) -> Decision {
         assert!(!snap.eligible.is_empty(), "decide needs an eligible worker");
@@ -648,22 +756,96 @@ impl Router {
                         reason: Reason::CacheMiss,
                     };
                 }
-                let ov = self.overlaps(snap, req);
-                cache_aware::decide(&p.cache_aware, snap, req, &ov, rng)
+                cache_aware::decide(&p.cache_aware, snap, req, &ov(), rng)
             }
             PolicyKind::KvAware | PolicyKind::DynamoKv => {
-                let ov = self.overlaps(snap, req);
-                kv_aware::decide(&p.kv, snap, req, &ov, rng)
+                kv_aware::decide(&p.kv, snap, req, &ov(), rng)
             }
-            PolicyKind::PureAffinity => {
-                let ov = self.overlaps(snap, req);
-                pure_affinity::decide(snap, &ov, rng)
-            }
-            PolicyKind::PredictedTtft => {
-                let ov = self.overlaps(snap, req);
-                predicted_ttft::decide(&p.ttft, snap, req, &ov, rng)
-            }
+            PolicyKind::PureAffinity => pure_affinity::decide(snap, &ov(), rng),
+            PolicyKind::PredictedTtft => predicted_ttft::decide(&p.ttft, snap, req, &ov(), rng),
         }
+    }
+
+    /// Decides for `req` on the registry `fleet`: a snapshot of the workers that may take it
+    /// (serving `req.key.model`, available, not in `vetoed`: [`Workers::snapshot`]), then the
+    /// policy. Returns the view decided on, whose loads [`Router::booking_request`] reads
+    /// (with [`FleetView::snapshot`]), and the decision; `None` when no worker is eligible.
+    ///
+    /// A fleet of up to `full_scan_workers` slots is snapshot and scored whole
+    /// ([`Router::decide_request`]), as is every fleet under the policies that rotate over,
+    /// draw from or hash onto every worker (`round_robin`, `random`, `prefix_hash`,
+    /// `consistent_hash`) and under the anchor presets (`smg_cache_aware`, `dynamo_kv`,
+    /// which score every worker as their anchors do). Above it kvroute's own load and cost
+    /// policies score a candidate set ([`candidates`]: the `candidate_holders` deepest
+    /// holders in each index answer the policy may read, and `candidate_sample` random
+    /// workers), so the snapshot and the policy cost O(candidates), not O(workers) (issue
+    /// 16). When fewer than a quarter of `candidate_sample` candidates are eligible (a model
+    /// few workers serve, a fleet mostly down) the decision falls back to the whole fleet.
+    pub fn decide_on(
+        &self,
+        fleet: &Workers,
+        vetoed: &[usize],
+        seq: u64,
+        now_ms: u64,
+        req: &Request<'_>,
+        rng: &mut impl Rng,
+    ) -> Option<(FleetView, Decision)> {
+        let p = &self.params;
+        let model = &req.key.model;
+        let slots = fleet.slots();
+        let whole = |rng: &mut _| {
+            let view = fleet.snapshot(model, vetoed, now_ms);
+            if view.eligible.is_empty() {
+                return None;
+            }
+            let d = self.decide_request(&view.snapshot(seq, now_ms), req, rng);
+            Some((view, d))
+        };
+        let reads_overlaps = match self.kind {
+            PolicyKind::LeastRequest | PolicyKind::PowerOfTwo | PolicyKind::LeastLoad => false,
+            PolicyKind::CacheAware
+            | PolicyKind::KvAware
+            | PolicyKind::PureAffinity
+            | PolicyKind::PredictedTtft => true,
+            _ => return whole(rng),
+        };
+        if slots <= p.full_scan {
+            return whole(rng);
+        }
+        let (events, tree) = if reads_overlaps {
+            let events = self.event_answer(req, now_ms);
+            // The rule may fall back to the tree once eligibility is known: ask it now.
+            let tree = match (&events, p.rule) {
+                (Some(_), OverlapRule::EventsOnly) => None,
+                _ => Some(self.tree_answer(req, now_ms)),
+            };
+            (events, tree)
+        } else {
+            (None, None)
+        };
+        let answers: Vec<&[(TenantId, usize)]> = [&events, &tree]
+            .into_iter()
+            .flatten()
+            .map(|a| a.found.as_slice())
+            .collect();
+        let ids = candidates::choose(&answers, slots, p.holders, p.sample, rng);
+        let view = fleet.snapshot_among(model, vetoed, now_ms, &ids);
+        if view.eligible.len() < (p.sample / 4).max(1) {
+            return whole(rng);
+        }
+        let snap = view.snapshot(seq, now_ms);
+        let d = self.select(
+            &snap,
+            req,
+            || {
+                self.pick(&snap, events.as_ref(), || {
+                    tree.clone()
+                        .unwrap_or_else(|| self.tree_answer(req, now_ms))
+                })
+            },
+            rng,
+        );
+        Some((view, d))
     }
 
     /// What dispatching `key` to `decision.worker` books on that worker's load
@@ -698,7 +880,7 @@ impl Router {
             },
             block_keys: req.block_keys.clone(),
         };
-        if let Some(w) = snap.workers.get(decision.worker) {
+        if let Some(w) = snap.get(decision.worker) {
             let a = &w.active;
             b.prefill_ms = a.prefill.prefill_ms(
                 b.new_tokens(),
@@ -904,20 +1086,14 @@ impl Router {
         true
     }
 
-    /// `o` (a tree's overlaps) raised, worker by worker, to what peer replicas reported
+    /// `a` (a tree's answer) raised, worker by worker, to what peer replicas reported
     /// ([`PeerPages`]): tokens = pages × block size; chars = the chars of the text's first
-    /// pages × [`crate::sync::TEXT_PAGE_BYTES`] bytes. `o` unchanged without peer pages.
-    fn with_peers(
-        &self,
-        mut o: Overlaps,
-        idx: &ModelIndexes,
-        req: &Request<'_>,
-        now_ms: u64,
-    ) -> Overlaps {
+    /// pages × [`crate::sync::TEXT_PAGE_BYTES`] bytes. `a` unchanged without peer pages.
+    fn with_peers(&self, a: &mut Answer, idx: &ModelIndexes, req: &Request<'_>, now_ms: u64) {
         use crate::sync::TEXT_PAGE_BYTES;
         let peers = idx.peers.read();
         if peers.is_empty() {
-            return o;
+            return;
         }
         let ns = req.key.namespace;
         let found = match req.ids {
@@ -950,12 +1126,10 @@ impl Router {
                     .collect()
             }
         };
-        for (w, m) in found {
-            if let Some(slot) = o.matched.get_mut(w as usize) {
-                *slot = (*slot).max(m.min(o.len));
-            }
+        if !found.is_empty() {
+            a.found.extend(found);
+            by_worker(&mut a.found);
         }
-        o
     }
 
     /// Total chars held by the string tree of `model` (0 when it has none), after pending
@@ -1018,6 +1192,7 @@ impl Router {
         let now = self.now_ms();
         let snap = Snapshot {
             workers: &workers,
+            ids: &[],
             eligible: &eligible,
             seq,
             now_ms: now,

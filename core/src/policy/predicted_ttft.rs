@@ -82,7 +82,7 @@ pub fn terms(
     w: usize,
     last: &Cell<Option<(usize, Shape)>>,
 ) -> (f64, f64, f64, f64) {
-    let wl = &snap.workers[w];
+    let wl = snap.load(w);
     let a = &wl.active;
     let cached = ov.tokens(w).min(req.prompt_tokens.saturating_sub(1));
     let new = req.prompt_tokens - cached;

@@ -101,16 +101,15 @@ impl PrefixIndex for EventReader {
     /// (each partition's chain is rooted at it: [`EventReader::block_keys`]), so `ns` is not
     /// read here: `q.block_keys` must be the request's keys in its namespace.
     fn overlaps(&self, _ns: Namespace, q: &Query<'_>) -> Vec<(TenantId, usize)> {
-        let bs = self.block_size();
         // One entry per worker, its largest match over its DP ranks: sorted by (worker,
         // blocks), the last of each worker's run wins (O(m log m); a linear search per match
         // was O(m²), 4,096 matches at `kvroute bench fleet`'s fleet-wide system prompt).
-        let mut out: Vec<(TenantId, usize)> = self
-            .find_matches(q.block_keys)
-            .into_iter()
-            .map(|m| (m.stream.worker as TenantId, m.blocks * bs))
-            .collect();
-        out.sort_unstable();
+        let mut out: Vec<(TenantId, usize)> = self.worker_tokens(q.block_keys);
+        // Streams are indexed in the order workers first published, usually worker order
+        // already: then the sort is one pass.
+        if !out.is_sorted() {
+            out.sort_unstable();
+        }
         out.dedup_by(|later, earlier| {
             let same = later.0 == earlier.0;
             if same {
@@ -146,8 +145,12 @@ pub struct Overlaps {
     pub unit: Unit,
     /// The request's length, units (≥ 1).
     pub len: usize,
-    /// Matched units by worker id (one per snapshot slot; 0 = holds nothing).
+    /// Matched units (0 = holds nothing): by worker id, one per snapshot slot, when `ids` is
+    /// empty; else one per entry of `ids`.
     pub matched: Vec<usize>,
+    /// The worker id of each entry of `matched`, ascending, for a decision on a candidate set
+    /// ([`super::Snapshot::ids`]); empty when `matched` is by worker id.
+    pub ids: Vec<usize>,
     /// Prompt tokens per unit: 1 for tokens; for chars, the request's token estimate over
     /// its chars.
     pub tokens_per_unit: f64,
@@ -161,6 +164,7 @@ impl Overlaps {
             unit,
             len: len.max(1),
             matched: vec![0; workers],
+            ids: Vec::new(),
             tokens_per_unit,
         }
     }
@@ -185,9 +189,42 @@ impl Overlaps {
         o
     }
 
-    /// Matched units of worker `w`.
+    /// [`Overlaps::from_index`] laid out over the workers `ids` only (ascending: a
+    /// snapshot's candidate set, [`super::Snapshot::ids`]); the other workers of `found` are
+    /// dropped. `found` must be sorted by worker, one entry per worker (as
+    /// [`super::Router`]'s answers are): O(|ids| · log |found|).
+    pub fn from_index_among(
+        source: Source,
+        unit: Unit,
+        found: &[(TenantId, usize)],
+        ids: &[usize],
+        len: usize,
+        tokens_per_unit: f64,
+    ) -> Self {
+        let mut o = Self::none(ids.len(), len, unit, tokens_per_unit);
+        o.source = source;
+        o.ids = ids.to_vec();
+        debug_assert!(
+            found.windows(2).all(|p| p[0].0 < p[1].0),
+            "sorted, one per worker"
+        );
+        for (i, &w) in ids.iter().enumerate() {
+            let Ok(w) = TenantId::try_from(w) else {
+                continue;
+            };
+            if let Ok(at) = found.binary_search_by_key(&w, |e| e.0) {
+                o.matched[i] = found[at].1.min(o.len);
+            }
+        }
+        o
+    }
+
+    /// Matched units of worker `w` (0 for a worker the overlaps are not laid out over).
     pub fn of(&self, w: usize) -> usize {
-        self.matched.get(w).copied().unwrap_or(0)
+        if self.ids.is_empty() {
+            return self.matched.get(w).copied().unwrap_or(0);
+        }
+        self.ids.binary_search(&w).map_or(0, |i| self.matched[i])
     }
 
     /// Matched share of the request for worker `w`, 0–1.

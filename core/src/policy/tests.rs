@@ -1,4 +1,5 @@
 use super::*;
+use crate::config::defaults;
 use crate::route_key::{Endpoint, route_key};
 use kvroute_index::MAX_MATCH_TENANTS;
 use proptest::prelude::*;
@@ -487,6 +488,7 @@ fn cache_partitions_never_match_each_other() {
 fn snap<'a>(loads: &[usize], eligible: &'a [usize], seq: u64) -> Snapshot<'a> {
     Snapshot {
         workers: Vec::leak(WorkerLoad::of_requests(loads)),
+        ids: &[],
         eligible,
         seq,
         now_ms: 0,
@@ -627,6 +629,7 @@ fn costs_of(p: &KvParams, workers: &[WorkerLoad], tokens: u64, blocks: &[usize])
     let eligible: Vec<usize> = (0..workers.len()).collect();
     let snap = Snapshot {
         workers,
+        ids: &[],
         eligible: &eligible,
         seq: 0,
         now_ms: 0,
@@ -675,6 +678,7 @@ fn e2_dynamo_cost_of_three_workers() {
     let eligible = [0, 1, 2];
     let snap = Snapshot {
         workers: &workers,
+        ids: &[],
         eligible: &eligible,
         seq: 0,
         now_ms: 0,
@@ -733,6 +737,7 @@ fn e9_expected_wait_with_since_poll_credit() {
     let snap = |w: &[WorkerLoad]| -> (f64, f64) {
         let s = Snapshot {
             workers: w,
+            ids: &[],
             eligible: &eligible,
             seq: 0,
             now_ms: 0,
@@ -749,6 +754,7 @@ fn e9_expected_wait_with_since_poll_credit() {
     assert!((b - 2.45).abs() < 1e-9 && a < b);
     let s = Snapshot {
         workers: &workers,
+        ids: &[],
         eligible: &eligible,
         seq: 0,
         now_ms: 0,
@@ -778,6 +784,7 @@ fn a_cold_index_is_the_least_loaded_never_worker_zero() {
         for i in 0..200u64 {
             let snap = Snapshot {
                 workers: &workers,
+                ids: &[],
                 eligible: &eligible,
                 seq: i,
                 now_ms: 0,
@@ -818,7 +825,7 @@ proptest! {
             r.record(&key, &Decision { worker: holder % n, reason: Reason::CacheMiss }, 0);
             r.flush();
             let before = r.index_sizes();
-            let snap = Snapshot { workers: &workers, eligible: &eligible, seq, now_ms: 0 };
+            let snap = Snapshot { workers: &workers, ids: &[], eligible: &eligible, seq, now_ms: 0 };
             let d = r.decide(&snap, &key, &mut rand::rng());
             prop_assert!(eligible.contains(&d.worker), "{} chose {:?} of {:?}", kind, d, eligible);
             r.flush();
@@ -854,6 +861,7 @@ fn dispatch_concurrent(
         let view = workers.snapshot("m", &[], 0);
         let snap = Snapshot {
             workers: &view.workers,
+            ids: &[],
             eligible: &view.eligible,
             seq: i,
             now_ms: 0,
@@ -934,6 +942,7 @@ fn b2_misses_never_go_to_the_smallest_tree() {
         for i in 0..20u64 {
             let snap = Snapshot {
                 workers: &workers,
+                ids: &[],
                 eligible: &eligible,
                 seq: i,
                 now_ms: 0,
@@ -980,6 +989,7 @@ fn predicted_ttft_worked_example() {
         workers[0].requests = 1;
         let snap = Snapshot {
             workers: &workers,
+            ids: &[],
             eligible: &eligible,
             seq: 0,
             now_ms: 0,
@@ -1002,4 +1012,168 @@ fn predicted_ttft_worked_example() {
     let (c0, _, w) = pick(600.0);
     assert!((c0 - 673.2).abs() < 0.1, "{c0}");
     assert_eq!(w, 1);
+}
+
+/// A registry of `n` workers whose model lists are not known yet (each takes any model).
+fn fleet_of(n: usize) -> crate::workers::Workers {
+    let urls: Vec<String> = (0..n).map(|i| format!("http://w{i}:80")).collect();
+    crate::workers::Workers::new(&urls).unwrap()
+}
+
+/// Above [`defaults::FULL_SCAN_WORKERS`] slots, predicted_ttft scores a candidate set of at
+/// most 2 answers' holders + the sample, and still sends each conversation's second turn to
+/// the worker of its first (the holder is a candidate), never to a vetoed worker.
+#[test]
+fn a_large_fleet_decides_on_candidates_and_keeps_affinity() {
+    let n = 4 * defaults::FULL_SCAN_WORKERS;
+    let r = router(PolicyKind::PredictedTtft);
+    let workers = fleet_of(n);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let most = 2 * defaults::CANDIDATE_HOLDERS + defaults::CANDIDATE_SAMPLE;
+    for c in 0..40u64 {
+        let t1 = format!(
+            "conversation {c}: {}",
+            "a long document of words ".repeat(40)
+        );
+        let k1 = text_key(&t1);
+        let (view, d1) = r
+            .decide_on(&workers, &[], c, 0, &r.request(&k1), &mut rng)
+            .unwrap();
+        assert!(
+            !view.ids.is_empty() && view.ids.len() <= most,
+            "{}",
+            view.ids.len()
+        );
+        assert!(view.ids.contains(&d1.worker));
+        // The first turn is answered before the second is sent.
+        let booking = r.booking_request(&view.snapshot(c, 0), &r.request(&k1), &d1);
+        let mut guard = workers.get(d1.worker).unwrap().acquire_booked(booking, 0.0);
+        guard.first_token(0.5);
+        drop(guard);
+        r.record(&k1, &d1, 0);
+        r.flush();
+        let k2 = text_key(&format!("{t1} and then a question"));
+        let (view, d2) = r
+            .decide_on(&workers, &[], c, 1, &r.request(&k2), &mut rng)
+            .unwrap();
+        assert!(view.ids.len() <= most);
+        assert_eq!(d2.worker, d1.worker, "conversation {c}");
+        assert!(
+            matches!(d2.reason, Reason::Cost { matched_tokens, .. } if matched_tokens > 0),
+            "{:?}",
+            d2.reason
+        );
+        let (_, d3) = r
+            .decide_on(&workers, &[d1.worker], c, 2, &r.request(&k2), &mut rng)
+            .unwrap();
+        assert_ne!(d3.worker, d1.worker, "a vetoed holder");
+    }
+}
+
+/// least_request on candidates (power of d choices) over 1,024 workers, 3 requests per
+/// worker held: no worker ends above mean + 1, against the whole fleet's exact mean.
+#[test]
+fn a_large_fleet_least_request_on_candidates_stays_within_one_of_the_mean() {
+    let n = 4 * defaults::FULL_SCAN_WORKERS;
+    let r = router(PolicyKind::LeastRequest);
+    let workers = fleet_of(n);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let mut guards = Vec::new();
+    for i in 0..3 * n as u64 {
+        let key = text_key(&format!("request {i}"));
+        let req = r.request(&key);
+        let (view, d) = r.decide_on(&workers, &[], i, 0, &req, &mut rng).unwrap();
+        assert!(view.ids.len() <= defaults::CANDIDATE_SAMPLE);
+        let booking = r.booking_request(&view.snapshot(i, 0), &req, &d);
+        guards.push(workers.get(d.worker).unwrap().acquire_booked(booking, 0.0));
+    }
+    let loads: Vec<usize> = workers.iter().iter().map(|w| w.load()).collect();
+    let max = *loads.iter().max().unwrap();
+    assert!(max <= 4, "max {max} over a mean of 3");
+    assert_eq!(loads.iter().sum::<usize>(), 3 * n);
+}
+
+/// A model only 3 of 1,024 workers serve: the candidate draw finds too few of them, and the
+/// decision falls back to the whole fleet, so it still reaches one of the 3.
+#[test]
+fn a_large_fleet_falls_back_to_the_whole_when_few_candidates_serve() {
+    let n = 4 * defaults::FULL_SCAN_WORKERS;
+    let r = router(PolicyKind::PredictedTtft);
+    let workers = fleet_of(n);
+    for w in workers.iter() {
+        let serves = if [10, 500, 1000].contains(&w.id) {
+            "m"
+        } else {
+            "other"
+        };
+        w.set_models(vec![serves.into()]);
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    for i in 0..50u64 {
+        let key = text_key(&format!("prompt {i}"));
+        let (view, d) = r
+            .decide_on(&workers, &[], i, 0, &r.request(&key), &mut rng)
+            .unwrap();
+        assert!([10, 500, 1000].contains(&d.worker), "{}", d.worker);
+        assert_eq!(view.eligible, vec![10, 500, 1000]);
+    }
+    let (_, d) = r
+        .decide_on(
+            &workers,
+            &[10, 500],
+            0,
+            0,
+            &r.request(&text_key("x")),
+            &mut rng,
+        )
+        .unwrap();
+    assert_eq!(d.worker, 1000);
+    assert!(
+        r.decide_on(
+            &workers,
+            &[10, 500, 1000],
+            0,
+            0,
+            &r.request(&text_key("x")),
+            &mut rng
+        )
+        .is_none()
+    );
+}
+
+proptest! {
+    /// Over random fleets of 300–700 workers with random drained workers and vetoes, every
+    /// policy's decision on the registry is eligible and not vetoed, and for the policies
+    /// that must see every worker (and the presets) the view is the whole fleet.
+    #[test]
+    fn decide_on_never_picks_an_ineligible_worker(
+        n in 300usize..700,
+        drained in prop::collection::vec(0usize..700, 0..200),
+        vetoed in prop::collection::vec(0usize..700, 0..20),
+        kind_i in 0usize..13,
+        seed in any::<u64>(),
+    ) {
+        let kind = PolicyKind::ALL[kind_i % PolicyKind::ALL.len()];
+        let r = router(kind);
+        let workers = fleet_of(n);
+        for &d in &drained {
+            if d < n {
+                workers.drain(d);
+            }
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for i in 0..4u64 {
+            let key = text_key(&format!("prompt {} {}", seed % 7, i));
+            let Some((view, d)) = r.decide_on(&workers, &vetoed, i, 0, &r.request(&key), &mut rng) else {
+                prop_assert!(false, "some worker is eligible");
+                unreachable!()
+            };
+            let w = workers.get(d.worker).unwrap();
+            prop_assert!(!drained.contains(&d.worker) && !vetoed.contains(&d.worker), "{} chose {}", kind, d.worker);
+            prop_assert!(w.is_available(0));
+            let whole = matches!(kind, PolicyKind::RoundRobin | PolicyKind::Random | PolicyKind::PrefixHash | PolicyKind::ConsistentHash | PolicyKind::SmgCacheAware | PolicyKind::DynamoKv);
+            prop_assert_eq!(view.ids.is_empty(), whole, "{}", kind);
+            r.record(&key, &d, 0);
+        }
+    }
 }

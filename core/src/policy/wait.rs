@@ -24,7 +24,7 @@ pub const MAX_USAGE: f64 = 0.99;
 /// local in-flight × p̄ / throughput; when `fleet_dark` (no eligible worker has a report) the
 /// score is the shortest queue on requests in flight (+ foreign). Worked example E9.
 pub fn expected_wait_s(snap: &Snapshot<'_>, w: usize, fleet_dark: bool) -> f64 {
-    let wl = &snap.workers[w];
+    let wl = snap.load(w);
     if fleet_dark {
         return wl.requests as f64;
     }
