@@ -1047,7 +1047,7 @@ fn a_large_fleet_decides_on_candidates_and_keeps_affinity() {
         assert!(view.ids.contains(&d1.worker));
         // The first turn is answered before the second is sent.
         let booking = r.booking_request(&view.snapshot(c, 0), &r.request(&k1), &d1);
-        let mut guard = workers.get(d1.worker).unwrap().acquire_booked(booking, 0.0);
+        let guard = workers.get(d1.worker).unwrap().acquire_booked(booking, 0.0);
         guard.first_token(0.5);
         drop(guard);
         r.record(&k1, &d1, 0);
