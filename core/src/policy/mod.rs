@@ -387,34 +387,14 @@ struct Answer {
 impl Answer {
     /// The answer by worker over `snap`'s workers (every slot, or its candidate set).
     fn lay_out(&self, snap: &Snapshot<'_>) -> Overlaps {
-        let (s, u, f, len, t) = (
-            self.source,
-            self.unit,
-            &self.found,
-            self.len,
-            self.tokens_per_unit,
-        );
+        let (found, len, per_unit) = (&self.found, self.len, self.tokens_per_unit);
         if snap.ids.is_empty() {
-            Overlaps::from_index(s, u, f, snap.workers.len(), len, t)
+            let n = snap.workers.len();
+            Overlaps::from_index(self.source, self.unit, found, n, len, per_unit)
         } else {
-            Overlaps::from_index_among(s, u, f, snap.ids, len, t)
+            Overlaps::from_index_among(self.source, self.unit, found, snap.ids, len, per_unit)
         }
     }
-}
-
-/// `found` sorted by worker with one entry per worker, its largest overlap.
-fn by_worker(found: &mut Vec<(TenantId, usize)>) {
-    if !found.is_sorted() {
-        found.sort_unstable();
-    }
-    // The last of each worker's run is its largest.
-    found.dedup_by(|later, earlier| {
-        let same = later.0 == earlier.0;
-        if same {
-            earlier.1 = later.1;
-        }
-        same
-    });
 }
 
 /// The index query of `req` at `now_ms`.
@@ -649,12 +629,12 @@ impl Router {
             (Some(_), Some(h)) => {
                 a.source = Source::HashIndex;
                 a.found = h.read().overlaps(ns, &q);
-                by_worker(&mut a.found);
+                prefix::by_worker(&mut a.found);
             }
             (Some(_), None) => {
                 a.source = Source::TokenTree;
                 a.found = idx.tokens.read().overlaps(ns, &q);
-                by_worker(&mut a.found);
+                prefix::by_worker(&mut a.found);
                 self.with_peers(&mut a, &idx, req, now_ms);
             }
             // Text in hash mode: no index.
@@ -662,7 +642,7 @@ impl Router {
             (None, None) => {
                 a.source = Source::StringTree;
                 a.found = idx.strings.read().overlaps(ns, &q);
-                by_worker(&mut a.found);
+                prefix::by_worker(&mut a.found);
                 self.with_peers(&mut a, &idx, req, now_ms);
             }
         }
@@ -839,8 +819,7 @@ impl Router {
             req,
             || {
                 self.pick(&snap, events.as_ref(), || {
-                    tree.clone()
-                        .unwrap_or_else(|| self.tree_answer(req, now_ms))
+                    tree.unwrap_or_else(|| self.tree_answer(req, now_ms))
                 })
             },
             rng,
@@ -1128,7 +1107,7 @@ impl Router {
         };
         if !found.is_empty() {
             a.found.extend(found);
-            by_worker(&mut a.found);
+            prefix::by_worker(&mut a.found);
         }
     }
 

@@ -105,20 +105,26 @@ impl PrefixIndex for EventReader {
         // blocks), the last of each worker's run wins (O(m log m); a linear search per match
         // was O(m²), 4,096 matches at `kvroute bench fleet`'s fleet-wide system prompt).
         let mut out: Vec<(TenantId, usize)> = self.worker_tokens(q.block_keys);
-        // Streams are indexed in the order workers first published, usually worker order
-        // already: then the sort is one pass.
-        if !out.is_sorted() {
-            out.sort_unstable();
-        }
-        out.dedup_by(|later, earlier| {
-            let same = later.0 == earlier.0;
-            if same {
-                earlier.1 = later.1;
-            }
-            same
-        });
+        by_worker(&mut out);
         out
     }
+}
+
+/// `found` sorted by worker with one entry per worker, its largest overlap: sorted by
+/// (worker, overlap), the last of each worker's run wins. Already sorted (the event index's
+/// streams are numbered in the order workers first published, usually worker order), it costs
+/// one pass.
+pub fn by_worker(found: &mut Vec<(TenantId, usize)>) {
+    if !found.is_sorted() {
+        found.sort_unstable();
+    }
+    found.dedup_by(|later, earlier| {
+        let same = later.0 == earlier.0;
+        if same {
+            earlier.1 = later.1;
+        }
+        same
+    });
 }
 
 /// Which index an [`Overlaps`] came from.
