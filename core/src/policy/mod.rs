@@ -772,7 +772,6 @@ impl Router {
     ) -> Option<(FleetView, Decision)> {
         let p = &self.params;
         let model = &req.key.model;
-        let slots = fleet.slots();
         let whole = |rng: &mut _| {
             let view = fleet.snapshot(model, vetoed, now_ms);
             if view.eligible.is_empty() {
@@ -789,6 +788,7 @@ impl Router {
             | PolicyKind::PredictedTtft => true,
             _ => return whole(rng),
         };
+        let slots = fleet.slots();
         if slots <= p.full_scan {
             return whole(rng);
         }
