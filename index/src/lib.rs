@@ -48,7 +48,7 @@ pub mod token_tree;
 pub use hash_index::{HashIndex, HashIndexConfig};
 pub use left_right::LeftRight;
 pub use peer_pages::{PeerPages, PeerPagesConfig};
-pub use positional::{EventIndex, EventIndexConfig, EventWriter, Overlap};
+pub use positional::{Depths, EventIndex, EventIndexConfig, EventWriter, Overlap};
 pub use string_tree::{MAX_MATCH_TENANTS, PrefixMatch, StringTree};
 pub use token_tree::{TokenMatch, TokenTree};
 

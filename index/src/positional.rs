@@ -78,7 +78,7 @@ use crate::table::{NO_SLOT, SharedTable, TableRef, TableWriter};
 use crate::{IndexError, Namespace, TenantId};
 use crossbeam_epoch::{self as epoch, Guard};
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -982,13 +982,84 @@ impl EventIndex {
         if keys.is_empty() {
             return Overlap::default();
         }
+        // The answer's own buffers are the thread's, lent to the query and handed back.
+        let run = |s: &mut Scratch| {
+            let nw = self.table.words();
+            let mut first = std::mem::take(&mut s.first);
+            let mut depth = std::mem::take(&mut s.depth);
+            let mut runs = std::mem::take(&mut s.runs);
+            first.resize(nw, 0);
+            depth.resize(depth.len().max(nw * 64), 0);
+            runs.clear();
+            let mut out = Out {
+                depth: &mut depth[..nw * 64],
+                runs: &mut runs,
+            };
+            let o = if self.find_into(keys, s, &mut first, &mut out) {
+                emit(&first, &depth)
+            } else {
+                Overlap::default()
+            };
+            (s.first, s.depth, s.runs) = (first, depth, runs);
+            o
+        };
         SCRATCH.with(|s| match s.try_borrow_mut() {
-            Ok(mut s) => self.find_into(keys, &mut s),
-            Err(_) => self.find_into(keys, &mut Scratch::default()),
+            Ok(mut s) => run(&mut s),
+            Err(_) => run(&mut Scratch::default()),
         })
     }
 
-    fn find_into(&self, keys: &[u64], s: &mut Scratch) -> Overlap {
+    /// [`Self::find_matches`] grouped by depth: the same overlaps as a [`Depths`], whose
+    /// [`Depths::runs`] list the holders deepest first, so a caller wanting the `k` deepest
+    /// of thousands of holders visits O(runs), not O(holders) (issue 16: at 4,096 workers
+    /// sharing a system prompt, every worker holds the first blocks). Allocates the answer:
+    /// ⌈workers / 64⌉ words, a u32 per worker slot, and a run per (depth, 64-worker word)
+    /// pair present.
+    pub fn find_depths(&self, keys: &[u64]) -> Depths {
+        let nw = self.table.words();
+        let mut d = Depths {
+            first: vec![0; nw],
+            depth: vec![0; nw * 64],
+            runs: Vec::new(),
+        };
+        if keys.is_empty() {
+            return d;
+        }
+        let mut out = Out {
+            depth: &mut d.depth,
+            runs: &mut d.runs,
+        };
+        let found = SCRATCH.with(|s| match s.try_borrow_mut() {
+            Ok(mut s) => self.find_into(keys, &mut s, &mut d.first, &mut out),
+            Err(_) => self.find_into(keys, &mut Scratch::default(), &mut d.first, &mut out),
+        });
+        if !found {
+            d.first.fill(0);
+            d.runs.clear();
+            return d;
+        }
+        d.runs
+            .sort_unstable_by_key(|&(depth, w, _)| (std::cmp::Reverse(depth), w));
+        d.runs.dedup_by(|later, earlier| {
+            let same = (later.0, later.1) == (earlier.0, earlier.1);
+            if same {
+                earlier.2 |= later.2;
+            }
+            same
+        });
+        d
+    }
+
+    /// The query of [`Self::find_matches`]: fills `first` (⌈workers / 64⌉ words) with the
+    /// workers holding `keys[0]` and gives each of them its depth through `out`; false when
+    /// none holds it (`first` is then unspecified).
+    fn find_into(
+        &self,
+        keys: &[u64],
+        s: &mut Scratch,
+        first: &mut [u64],
+        out: &mut Out<'_>,
+    ) -> bool {
         let table = &self.table;
         let nw = table.words();
         let guard = epoch::pin();
@@ -996,21 +1067,16 @@ impl EventIndex {
         // The last block's slot starts loading now, together with the first one's.
         let last = keys.len() - 1;
         t.prefetch(keys[last]);
-        // Scratch: first, active, row, holey, then 2 word-sets per bisection level.
+        // Scratch: active, row, holey, then 2 word-sets per bisection level.
         let levels = (usize::BITS - keys.len().leading_zeros()) as usize + 1;
-        let need = nw * (4 + 2 * levels);
+        let need = nw * (3 + 2 * levels);
         if s.words.len() < need {
             s.words.resize(need, 0);
         }
-        if s.depth.len() < nw * 64 {
-            s.depth.resize(nw * 64, 0);
-        }
-        let depth = &mut s.depth[..nw * 64];
-        let (first, rest) = s.words[..need].split_at_mut(nw);
         if !t.get_into(keys[0], first) {
-            return Overlap::default();
+            return false;
         }
-        let (active, rest) = rest.split_at_mut(nw);
+        let (active, rest) = s.words[..need].split_at_mut(nw);
         let (row, rest) = rest.split_at_mut(nw);
         let (holey, scratch) = rest.split_at_mut(nw);
         let probe = Probe { t, keys };
@@ -1032,7 +1098,7 @@ impl EventIndex {
                 let mut live = 0;
                 for w in 0..nw {
                     let h = row[w] & active[w];
-                    set_depth(&mut depth[w * 64..], active[w] & !h, i as u32);
+                    out.put(w, active[w] & !h, i as u32);
                     active[w] = h;
                     live |= h;
                 }
@@ -1042,7 +1108,7 @@ impl EventIndex {
                 i += 1;
             }
             for (w, &a) in active.iter().enumerate() {
-                set_depth(&mut depth[w * 64..], a, keys.len() as u32);
+                out.put(w, a, keys.len() as u32);
             }
         }
         // Prefix-closed workers: holders of the last block hold it all; the others drop
@@ -1057,28 +1123,19 @@ impl EventIndex {
             live = 0;
             for w in 0..nw {
                 let full = row[w] & active[w];
-                set_depth(&mut depth[w * 64..], full, keys.len() as u32);
+                out.put(w, full, keys.len() as u32);
                 active[w] &= !full;
                 live |= active[w];
             }
             if live != 0 {
-                bisect(&probe, depth, 0, last, active, scratch);
+                bisect(&probe, out, 0, last, active, scratch);
             }
         } else if live != 0 {
             for (w, &a) in active.iter().enumerate() {
-                set_depth(&mut depth[w * 64..], a, 1);
+                out.put(w, a, 1);
             }
         }
-        let mut out = Vec::with_capacity(first.iter().map(|w| w.count_ones() as usize).sum());
-        for (w, &f) in first.iter().enumerate() {
-            let mut f = f;
-            while f != 0 {
-                let b = w * 64 + f.trailing_zeros() as usize;
-                out.push((b as TenantId, depth[b]));
-                f &= f - 1;
-            }
-        }
-        Overlap(out)
+        true
     }
 
     /// [`Self::find_matches`] on raw token ids: keys of every full block of `tokens` in
@@ -1088,11 +1145,85 @@ impl EventIndex {
     }
 }
 
-/// Per-thread scratch of [`EventIndex::find_matches`]: bitsets and per-worker depths.
+/// Per-thread scratch of [`EventIndex::find_matches`]: bitsets, per-worker depths, runs.
 #[derive(Default)]
 struct Scratch {
     words: Vec<u64>,
+    first: Vec<u64>,
     depth: Vec<u32>,
+    runs: Vec<(u32, u32, u64)>,
+}
+
+/// Where a query writes its depths: each worker's, and the runs of [`Depths::runs`].
+struct Out<'a> {
+    depth: &'a mut [u32],
+    runs: &'a mut Vec<(u32, u32, u64)>,
+}
+
+impl Out<'_> {
+    /// Every worker of `set` (bits of word `w`) holds exactly `d` leading blocks.
+    #[inline]
+    fn put(&mut self, w: usize, set: u64, d: u32) {
+        if set != 0 {
+            set_depth(&mut self.depth[w * 64..], set, d);
+            self.runs.push((d, w as u32, set));
+        }
+    }
+}
+
+/// The [`Overlap`] of the workers of `first`, at their `depth`.
+fn emit(first: &[u64], depth: &[u32]) -> Overlap {
+    let mut out = Vec::with_capacity(first.iter().map(|w| w.count_ones() as usize).sum());
+    for (w, &f) in first.iter().enumerate() {
+        let mut f = f;
+        while f != 0 {
+            let b = w * 64 + f.trailing_zeros() as usize;
+            out.push((b as TenantId, depth[b]));
+            f &= f - 1;
+        }
+    }
+    Overlap(out)
+}
+
+/// One query's overlaps ([`EventIndex::find_depths`]): each worker's depth, and the holders
+/// grouped into runs by depth, deepest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Depths {
+    /// Bit `w % 64` of word `w / 64`: worker `w` holds at least the first block.
+    first: Vec<u64>,
+    /// Leading blocks held by each worker slot (0 outside `first`).
+    depth: Vec<u32>,
+    /// `(blocks, word, workers)`: the workers `64·word + bit` for each bit of `workers` hold
+    /// exactly `blocks` leading blocks. Sorted by blocks (descending), then word; one run per
+    /// (blocks, word).
+    runs: Vec<(u32, u32, u64)>,
+}
+
+impl Depths {
+    /// Leading blocks worker `w` holds (0 when it holds none or is out of range).
+    pub fn blocks(&self, w: TenantId) -> u32 {
+        let w = w as usize;
+        match self.first.get(w / 64) {
+            Some(&f) if f >> (w % 64) & 1 == 1 => self.depth[w],
+            _ => 0,
+        }
+    }
+
+    /// Workers holding at least the first block.
+    pub fn holders(&self) -> usize {
+        self.first.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// The holders as runs `(blocks, word, workers)` (worker `64·word + b` for each bit `b`
+    /// of `workers`), deepest first, then by word.
+    pub fn runs(&self) -> &[(u32, u32, u64)] {
+        &self.runs
+    }
+
+    /// The same overlaps as [`EventIndex::find_matches`] gives (O(holders)).
+    pub fn overlap(&self) -> Overlap {
+        emit(&self.first, &self.depth)
+    }
 }
 
 thread_local! {
@@ -1132,7 +1263,7 @@ fn set_depth(depth: &mut [u32], mut set: u64, d: u32) {
 /// per remaining level.
 fn bisect(
     probe: &Probe<'_, '_>,
-    depth: &mut [u32],
+    out: &mut Out<'_>,
     lo: usize,
     hi: usize,
     set: &[u64],
@@ -1144,7 +1275,7 @@ fn bisect(
     }
     if hi == lo + 1 {
         for (w, &x) in set.iter().enumerate() {
-            set_depth(&mut depth[w * 64..], x, hi as u32);
+            out.put(w, x, hi as u32);
         }
         return;
     }
@@ -1163,8 +1294,8 @@ fn bisect(
         held[w] &= set[w];
         gone[w] = set[w] & !held[w];
     }
-    bisect(probe, depth, lo, mid, gone, rest);
-    bisect(probe, depth, mid, hi, held, rest);
+    bisect(probe, out, lo, mid, gone, rest);
+    bisect(probe, out, mid, hi, held, rest);
 }
 
 /// Locks the writers' table side. A writer that panicked mid-update leaves at most one
@@ -1686,7 +1817,7 @@ impl EventWriter {
                 return bad(5, b);
             }
             // 2: children, ghosts, orphans.
-            let mut children: HashMap<u32, u32> = HashMap::new();
+            let mut children: std::collections::HashMap<u32, u32> = Default::default();
             let mut orphans = 0u64;
             for (i, r) in st.slab.iter().enumerate() {
                 if !r.held() {
@@ -1794,6 +1925,32 @@ mod tests {
     use crate::keys::{block_keys, block_keys_in, local_hash};
     use crate::reference::ReferenceEventIndex;
     use proptest::prelude::*;
+
+    /// `d`'s runs list exactly the workers of `found` at their depths, deepest first, then by
+    /// word, one run per (depth, word).
+    fn check_runs(d: &Depths, found: &Overlap) -> Result<(), TestCaseError> {
+        let runs = d.runs();
+        prop_assert!(
+            runs.windows(2)
+                .all(|p| (std::cmp::Reverse(p[0].0), p[0].1) < (std::cmp::Reverse(p[1].0), p[1].1)),
+            "sorted and unique: {:?}",
+            runs
+        );
+        let mut listed: Vec<(TenantId, u32)> = Vec::new();
+        for &(blocks, word, mut set) in runs {
+            prop_assert!(set != 0);
+            while set != 0 {
+                listed.push((word * 64 + set.trailing_zeros(), blocks));
+                set &= set - 1;
+            }
+        }
+        listed.sort_unstable();
+        prop_assert_eq!(&listed, &found.0);
+        for &(w, b) in &found.0 {
+            prop_assert_eq!(d.blocks(w), b);
+        }
+        Ok(())
+    }
 
     const BS: usize = 4;
 
@@ -1934,6 +2091,50 @@ mod tests {
         store(&mut w, &mut r, 1, 7, 0, 1);
         check(&w);
         assert_eq!((m(0), m(1)), (1, 2));
+    }
+
+    /// Worked example of [`EventIndex::find_depths`] over two 64-worker words: workers 3 and 70
+    /// hold all 8 blocks, 5 and 65 hold 4 (65 by a hole: its block 4 is gone, 5..8 kept),
+    /// 0 holds 1; 9 holds none. Runs deepest first, then by word.
+    #[test]
+    fn depths_group_holders_deepest_first() {
+        let (ix, mut w) = EventIndex::new(&cfg(128));
+        let mut r = ReferenceEventIndex::new();
+        for (worker, n) in [(3, 8), (70, 8), (5, 4), (65, 8), (0, 1)] {
+            store(&mut w, &mut r, worker, 1, 0, n);
+        }
+        w[1].apply_removed(65, &[ehash(1, 4)]).unwrap();
+        check(&w);
+        let keys = block_keys(&tokens(1, 0, 8), BS);
+        let d = ix.find_depths(&keys);
+        assert_eq!(
+            d.runs(),
+            &[
+                (8, 0, 1 << 3),
+                (8, 1, 1 << (70 - 64)),
+                (4, 0, 1 << 5),
+                (4, 1, 1 << (65 - 64)),
+                (1, 0, 1),
+            ]
+        );
+        assert_eq!(
+            (d.blocks(3), d.blocks(65), d.blocks(0), d.blocks(9)),
+            (8, 4, 1, 0)
+        );
+        assert_eq!(d.blocks(100_000), 0, "out of range");
+        assert_eq!(d.holders(), 5);
+        assert_eq!(d.overlap(), ix.find_matches(&keys));
+        assert_eq!(
+            ix.find_depths(&[]),
+            Depths {
+                first: vec![0; 2],
+                depth: vec![0; 128],
+                runs: vec![]
+            }
+        );
+        let other = block_keys(&tokens(2, 0, 3), BS);
+        assert_eq!(ix.find_depths(&other).holders(), 0);
+        assert!(ix.find_depths(&other).runs().is_empty());
     }
 
     /// anchors §7 E4: block boundaries with a 153-token base (9 full blocks + 9-token tail).
@@ -2171,9 +2372,14 @@ mod tests {
                     }
                     Op::Match(s, n) => {
                         let keys = block_keys(&tokens(s, 0, n), BS);
-                        if ix.find_matches(&keys).0 != r.find_matches(&keys) {
+                        let found = ix.find_matches(&keys);
+                        if found.0 != r.find_matches(&keys) {
                             mismatches += 1;
                         }
+                        let d = ix.find_depths(&keys);
+                        prop_assert_eq!(&d.overlap(), &found);
+                        prop_assert_eq!(d.holders(), found.0.len());
+                        check_runs(&d, &found)?;
                     }
                     Op::Prune => {
                         // Nothing is older than the TTL: a no-op that must keep state intact.

@@ -38,9 +38,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use kvroute_index::positional::{self, EventIndexConfig, EventWriter, SHARD_WORKERS};
+use kvroute_index::positional::{self, Depths, EventIndexConfig, EventWriter, SHARD_WORKERS};
 
 use super::StreamId;
 use super::decode::{BlockRemoved, BlockStored, EngineHash, EventBatch, KvEvent};
@@ -362,7 +362,16 @@ pub struct EventReader {
     owners: Arc<[AtomicU64]>,
     /// Dense id → hidden from matches ([`EventIndex::set_hidden`]).
     hidden: Arc<[AtomicBool]>,
+    /// Worker → its newest dense id ([`NO_ID`]: none), for workers below the capacity (a
+    /// worker at or past it is found by a scan of `owners`). Dense ids are never reused, so
+    /// these chains only grow.
+    heads: Arc<[AtomicU32]>,
+    /// Dense id → the same worker's previous dense id ([`NO_ID`]: none).
+    prev: Arc<[AtomicU32]>,
 }
+
+/// No dense id (end of a worker's chain in [`EventReader`]).
+const NO_ID: u32 = u32::MAX;
 
 impl std::fmt::Debug for EventReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -441,6 +450,121 @@ impl EventReader {
             rank: o as u32,
         })
     }
+
+    /// Calls `f` with each dense id of `worker`'s streams, hidden ones included: O(its
+    /// streams) below the capacity, a scan of every id at or past it.
+    fn for_each_id(&self, worker: u32, mut f: impl FnMut(u32)) {
+        match self.heads.get(worker as usize) {
+            Some(head) => {
+                let mut id = head.load(Ordering::Acquire);
+                while id != NO_ID {
+                    f(id);
+                    id = self.prev[id as usize].load(Ordering::Relaxed);
+                }
+            }
+            None => {
+                for (id, o) in self.owners.iter().enumerate() {
+                    if o.load(Ordering::Acquire) >> 32 == u64::from(worker) {
+                        f(id as u32);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The streams holding a prefix of `keys` (as [`Self::find_matches`]), grouped by depth
+    /// so that a decision over thousands of workers takes the deepest few without mapping
+    /// every holder to its worker ([`Holders`]). Cost: the positional query, plus O(streams)
+    /// u32 writes of its answer.
+    pub fn holders(&self, keys: &[u64]) -> Holders<'_> {
+        Holders {
+            reader: self,
+            depths: self.index.find_depths(keys),
+        }
+    }
+}
+
+/// One query's holders ([`EventReader::holders`]): per worker, the most router blocks any of
+/// its visible (not hidden) streams holds; hidden and unassigned streams count as holding
+/// nothing.
+pub struct Holders<'r> {
+    reader: &'r EventReader,
+    depths: Depths,
+}
+
+impl Holders<'_> {
+    /// Matched tokens of `worker`: its deepest visible stream's blocks × block size (0 when
+    /// it holds none). O(its streams).
+    pub fn tokens(&self, worker: u32) -> usize {
+        let mut best = 0;
+        self.reader.for_each_id(worker, |id| {
+            if !self.reader.hidden[id as usize].load(Ordering::Acquire) {
+                best = best.max(self.depths.blocks(id));
+            }
+        });
+        best as usize * self.reader.block_size()
+    }
+
+    /// Visible streams holding at least the first block.
+    pub fn streams(&self) -> usize {
+        self.depths.holders()
+    }
+
+    /// Appends up to `k` `(worker, matched tokens)` of the deepest holders to `out`, one per
+    /// worker (at its deepest stream): every worker deeper than the cut, then as many at the
+    /// cut's depth as fill `k`, the first met going round them from a position drawn from
+    /// `rng` (so successive decisions spread over a prefix many workers share; the rule of
+    /// [`crate::policy::candidates::deepest`]). Cost O(runs + k²), not O(holders).
+    pub fn deepest(&self, k: usize, rng: &mut impl rand::Rng, out: &mut Vec<(u32, usize)>) {
+        let bs = self.reader.block_size();
+        let from = out.len();
+        let runs = self.depths.runs();
+        let mut i = 0;
+        while i < runs.len() && out.len() - from < k {
+            let blocks = runs[i].0;
+            let end = i + runs[i..].partition_point(|r| r.0 == blocks);
+            let level = &runs[i..end];
+            i = end;
+            let total: usize = level.iter().map(|r| r.2.count_ones() as usize).sum();
+            // All of this depth fit: in order. Else from a random one of them, wrapping: the
+            // run `r` holding the `start`-th bit splits into its bits from there (`hi`) and
+            // those before (`lo`).
+            let (r, hi, lo) = if total <= k - (out.len() - from) {
+                (0, level[0].2, 0)
+            } else {
+                let mut before = rng.random_range(0..total);
+                let mut r = 0;
+                while before >= level[r].2.count_ones() as usize {
+                    before -= level[r].2.count_ones() as usize;
+                    r += 1;
+                }
+                let mut hi = level[r].2;
+                for _ in 0..before {
+                    hi &= hi - 1;
+                }
+                (r, hi, level[r].2 & !hi)
+            };
+            let word = |j: usize| level[j].1;
+            let order = std::iter::once((word(r), hi))
+                .chain((r + 1..level.len()).map(|j| (word(j), level[j].2)))
+                .chain((0..r).map(|j| (word(j), level[j].2)))
+                .chain(std::iter::once((word(r), lo)));
+            'level: for (w, mut set) in order {
+                while set != 0 {
+                    if out.len() - from >= k {
+                        break 'level;
+                    }
+                    let id = w * 64 + set.trailing_zeros();
+                    set &= set - 1;
+                    if let Some(s) = self.reader.owner(id)
+                        && !out[from..].iter().any(|&(w, _)| w == s.worker)
+                    {
+                        out.push((s.worker, blocks as usize * bs));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Settings of an [`EventIndex`].
@@ -513,6 +637,8 @@ impl EventIndex {
                 index,
                 owners: (0..max_streams).map(|_| AtomicU64::new(u64::MAX)).collect(),
                 hidden: (0..max_streams).map(|_| AtomicBool::new(false)).collect(),
+                heads: (0..max_streams).map(|_| AtomicU32::new(NO_ID)).collect(),
+                prev: (0..max_streams).map(|_| AtomicU32::new(NO_ID)).collect(),
             },
             writers,
             streams: HashMap::new(),
@@ -601,12 +727,7 @@ impl EventIndex {
 
     /// State of `stream`, created (with a dense id while any is left) on first use.
     fn state(&mut self, stream: StreamId) -> &mut StreamState {
-        state_of(
-            &mut self.streams,
-            &self.reader.owners,
-            &mut self.next_id,
-            stream,
-        )
+        state_of(&mut self.streams, &self.reader, &mut self.next_id, stream)
     }
 
     /// Counters of every known stream, sorted by stream.
@@ -678,12 +799,7 @@ impl EventIndex {
         let rbs = self.block_size;
         let now = self.now_ms;
         let (tier, known) = Tier::from_medium(ev.medium.as_deref());
-        let state = state_of(
-            &mut self.streams,
-            &self.reader.owners,
-            &mut self.next_id,
-            stream,
-        );
+        let state = state_of(&mut self.streams, &self.reader, &mut self.next_id, stream);
         if !known {
             state.stats.unknown_media += 1;
         }
@@ -818,12 +934,7 @@ impl EventIndex {
     /// leaves the index.
     pub fn removed(&mut self, stream: StreamId, ev: &BlockRemoved) {
         let (tier, _) = Tier::from_medium(ev.medium.as_deref());
-        let state = state_of(
-            &mut self.streams,
-            &self.reader.owners,
-            &mut self.next_id,
-            stream,
-        );
+        let state = state_of(&mut self.streams, &self.reader, &mut self.next_id, stream);
         let Some(id) = state.id else {
             state.stats.over_capacity += 1;
             return;
@@ -1001,10 +1112,11 @@ impl EventIndex {
 /// `owners` before any of its blocks) while ids are left, else with none.
 fn state_of<'a>(
     streams: &'a mut HashMap<StreamId, StreamState>,
-    owners: &[AtomicU64],
+    reader: &EventReader,
     next: &mut u32,
     stream: StreamId,
 ) -> &'a mut StreamState {
+    let owners = &reader.owners;
     streams.entry(stream).or_insert_with(|| {
         let id = ((*next as usize) < owners.len()).then(|| {
             let id = *next;
@@ -1013,6 +1125,11 @@ fn state_of<'a>(
                 u64::from(stream.worker) << 32 | u64::from(stream.rank),
                 Ordering::Release,
             );
+            // Linked after its owner is published, so a reader following the chain finds it.
+            if let Some(head) = reader.heads.get(stream.worker as usize) {
+                reader.prev[id as usize].store(head.load(Ordering::Relaxed), Ordering::Relaxed);
+                head.store(id, Ordering::Release);
+            }
             id
         });
         if id.is_none() {

@@ -43,7 +43,7 @@ pub mod sequence;
 
 pub use decode::{BlockRemoved, BlockStored, DecodeError, EngineHash, EventBatch, KvEvent};
 pub use index::{
-    EventIndex, EventIndexSettings, EventReader, Match, StreamStats, Tier, kind_is_prefix,
+    EventIndex, EventIndexSettings, EventReader, Holders, Match, StreamStats, Tier, kind_is_prefix,
 };
 pub use sequence::{ClearReason, SeqTracker, Step};
 

@@ -1299,3 +1299,107 @@ fn malformed_partition_batch_is_counted_and_dropped() {
     let ns = event_namespace(Some("sql-lora"), Some("tenant-a"));
     assert_eq!(held_in(&ix, ns, &toks(1..33)), 2);
 }
+
+/// An index of `max_streams` streams where each `(worker, rank, blocks)` holds the first
+/// `blocks` of `prompt` (16-token blocks).
+fn holding(max_streams: usize, prompt: &[u32], held: &[(u32, u32, usize)]) -> EventIndex {
+    let mut ix = EventIndex::with_settings(&EventIndexSettings {
+        block_size: 16,
+        max_streams,
+        ttl_ms: None,
+        max_entries: None,
+    });
+    for &(worker, rank, blocks) in held {
+        let hashes: Vec<u64> = (1..=blocks as u64).collect();
+        apply(
+            &mut ix,
+            StreamId { worker, rank },
+            vec![store(&hashes, None, &prompt[..16 * blocks], 16)],
+            rank,
+        );
+    }
+    ix
+}
+
+/// [`EventReader::holders`], worked example: a worker's DP ranks count once at the deepest,
+/// a hidden stream holds nothing, and a worker past the reverse map's capacity (20, with 8
+/// streams) is found by the scan.
+#[test]
+fn holders_take_each_worker_once_at_its_deepest_visible_stream() {
+    let prompt = toks(0..160); // 10 blocks
+    let held = [
+        (0, 0, 10),
+        (1, 0, 3),
+        (1, 1, 7),
+        (2, 0, 9),
+        (3, 0, 3),
+        (4, 0, 3),
+        (20, 0, 5),
+    ];
+    use rand::SeedableRng;
+    let mut ix = holding(8, &prompt, &held);
+    ix.set_hidden(StreamId { worker: 2, rank: 0 }, true);
+    let r = ix.reader();
+    let h = r.holders(&r.block_keys(0, &prompt));
+    assert_eq!(h.streams(), 7, "hidden streams still hold blocks");
+    let tokens: Vec<usize> = [0, 1, 2, 3, 4, 20, 9].map(|w| h.tokens(w)).to_vec();
+    assert_eq!(tokens, vec![160, 112, 0, 48, 48, 80, 0]);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let deepest = |k: usize, rng: &mut rand::rngs::StdRng| {
+        let mut out = vec![(99, 1)];
+        h.deepest(k, rng, &mut out);
+        out
+    };
+    assert_eq!(deepest(2, &mut rng), vec![(99, 1), (0, 160), (1, 112)]);
+    assert_eq!(
+        deepest(3, &mut rng),
+        vec![(99, 1), (0, 160), (1, 112), (20, 80)]
+    );
+    let mut all = deepest(10, &mut rng);
+    assert_eq!(all.len(), 6, "{all:?}");
+    all[4..].sort_unstable();
+    assert_eq!(all[1..], [(0, 160), (1, 112), (20, 80), (3, 48), (4, 48)]);
+    assert_eq!(deepest(0, &mut rng), vec![(99, 1)]);
+    // A worker's ranks and the reader's own answer agree.
+    let mut found = r.worker_tokens(&r.block_keys(0, &prompt));
+    crate::policy::prefix::by_worker(&mut found);
+    for (w, t) in found {
+        assert_eq!(h.tokens(w), t, "worker {w}");
+    }
+}
+
+/// Ties at the cut of [`Holders::deepest`]: 12 workers share a 2-block prefix, worker 5 holds
+/// 6 blocks. Taking 4: worker 5, then 3 of the tied, consecutive going round them from a
+/// random one; over seeds, every tied worker is taken sometimes.
+#[test]
+fn holders_break_ties_at_the_cut_going_round_from_a_random_worker() {
+    use rand::SeedableRng;
+    let prompt = toks(0..96);
+    let held: Vec<(u32, u32, usize)> = (0..12)
+        .map(|w| (w, 0, if w == 5 { 6 } else { 2 }))
+        .collect();
+    let ix = holding(64, &prompt, &held);
+    let r = ix.reader();
+    let h = r.holders(&r.block_keys(0, &prompt));
+    let tied: Vec<u32> = (0..12).filter(|&w| w != 5).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..64 {
+        let mut out = Vec::new();
+        h.deepest(4, &mut rand::rngs::StdRng::seed_from_u64(seed), &mut out);
+        assert_eq!(out[0], (5, 96));
+        assert!(out[1..].iter().all(|&(_, t)| t == 32), "{out:?}");
+        let at = tied.iter().position(|&w| w == out[1].0).unwrap();
+        let next: Vec<u32> = (0..3).map(|i| tied[(at + i) % tied.len()]).collect();
+        assert_eq!(
+            out[1..].iter().map(|&(w, _)| w).collect::<Vec<_>>(),
+            next,
+            "seed {seed}"
+        );
+        seen.extend(next);
+    }
+    assert_eq!(
+        seen.len(),
+        tied.len(),
+        "every tied worker is taken sometimes"
+    );
+}

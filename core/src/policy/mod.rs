@@ -589,15 +589,29 @@ impl Router {
     /// The event index's answer for `req`: `None` without token ids, without an event
     /// index, or while it holds nothing.
     fn event_answer(&self, req: &Request<'_>, now_ms: u64) -> Option<Answer> {
-        let ev = self.events.as_ref().filter(|e| !e.is_empty())?;
+        let ev = self.event_reader(req)?;
+        Some(Self::events_found(
+            req,
+            ev.overlaps(req.key.namespace, &query(req, now_ms)),
+        ))
+    }
+
+    /// The event index when it answers `req`: `req` has token ids and the index holds a
+    /// block.
+    fn event_reader(&self, req: &Request<'_>) -> Option<&crate::events::EventReader> {
         req.ids?;
-        Some(Answer {
+        self.events.as_ref().filter(|e| !e.is_empty())
+    }
+
+    /// The event index's [`Answer`] of `req` holding `found`.
+    fn events_found(req: &Request<'_>, found: Vec<(TenantId, usize)>) -> Answer {
+        Answer {
             source: Source::Events,
             unit: Unit::Tokens,
-            found: ev.overlaps(req.key.namespace, &query(req, now_ms)),
+            found,
             len: req.prompt_tokens.max(1) as usize,
             tokens_per_unit: 1.0,
-        })
+        }
     }
 
     /// The approximate index's answer for `req` (the model's hash index, token tree or
@@ -792,27 +806,48 @@ impl Router {
         if slots <= p.full_scan {
             return whole(rng);
         }
-        let (events, tree) = if reads_overlaps {
-            let events = self.event_answer(req, now_ms);
-            // The rule may fall back to the tree once eligibility is known: ask it now.
-            let tree = match (&events, p.rule) {
-                (Some(_), OverlapRule::EventsOnly) => None,
-                _ => Some(self.tree_answer(req, now_ms)),
-            };
-            (events, tree)
-        } else {
-            (None, None)
+        // The event index answers grouped by depth: only its deepest holders and the
+        // candidates are mapped to workers, not every holder (a fleet-wide system prompt is
+        // held by every worker).
+        let holders = self
+            .event_reader(req)
+            .filter(|_| reads_overlaps)
+            .map(|ev| ev.holders(&req.block_keys));
+        // The rule may fall back to the tree once eligibility is known: ask it now.
+        let tree = match (&holders, p.rule) {
+            _ if !reads_overlaps => None,
+            (Some(_), OverlapRule::EventsOnly) => None,
+            _ => Some(self.tree_answer(req, now_ms)),
         };
-        let answers: Vec<&[(TenantId, usize)]> = [&events, &tree]
-            .into_iter()
-            .flatten()
-            .map(|a| a.found.as_slice())
-            .collect();
-        let ids = candidates::choose(&answers, slots, p.holders, p.sample, rng);
+        let mut deepest = Vec::new();
+        if let Some(h) = &holders {
+            h.deepest(p.holders, rng, &mut deepest);
+        }
+        let answers: Vec<&[(TenantId, usize)]> = tree.iter().map(|a| a.found.as_slice()).collect();
+        let ids = candidates::choose(
+            deepest.iter().map(|&(w, _)| w as usize).collect(),
+            &answers,
+            slots,
+            p.holders,
+            p.sample,
+            rng,
+        );
         let view = fleet.snapshot_among(model, vetoed, now_ms, &ids);
         if view.eligible.len() < (p.sample / 4).max(1) {
             return whole(rng);
         }
+        // The event answer over the candidates (sorted by worker, as `ids`).
+        let events = holders.map(|h| {
+            let found = ids
+                .iter()
+                .filter_map(|&w| {
+                    let w = TenantId::try_from(w).ok()?;
+                    let t = h.tokens(w);
+                    (t > 0).then_some((w, t))
+                })
+                .collect();
+            Self::events_found(req, found)
+        });
         let snap = view.snapshot(seq, now_ms);
         let d = self.select(
             &snap,

@@ -1070,6 +1070,96 @@ fn a_large_fleet_decides_on_candidates_and_keeps_affinity() {
     }
 }
 
+/// On the event index over 1,024 workers that all hold a fleet-wide system prompt (the first
+/// 4 blocks of every prompt), predicted_ttft sends each conversation to the one worker
+/// holding the whole of it, with its whole overlap: that worker is a candidate through the
+/// event index's grouped answer (the sample alone would find it 32 times in 1,024), and a
+/// vetoed holder is never chosen.
+#[test]
+fn a_large_fleet_on_events_finds_the_one_deep_holder_among_all_sharing_a_prefix() {
+    use crate::events::{
+        BlockStored, EventBatch, EventIndex, EventIndexSettings, KvEvent, StreamId,
+    };
+    let n = 4 * defaults::FULL_SCAN_WORKERS;
+    let mut ev = EventIndex::with_settings(&EventIndexSettings {
+        block_size: 16,
+        max_streams: n,
+        ttl_ms: None,
+        max_entries: None,
+    });
+    let mut store = |worker: usize, parent: Option<u64>, first: u64, tokens: &[u32]| {
+        let ev_ = BlockStored {
+            block_hashes: (first..first + tokens.len() as u64 / 16).collect(),
+            parent_block_hash: parent,
+            token_ids: tokens.to_vec(),
+            block_size: 16,
+            ..BlockStored::default()
+        };
+        let batch = EventBatch {
+            ts: 0.0,
+            events: vec![KvEvent::Stored(ev_)],
+            dp_rank: None,
+            skipped_events: 0,
+        };
+        let stream = StreamId {
+            worker: worker as u32,
+            rank: 0,
+        };
+        ev.apply_batch(stream, &batch);
+    };
+    let system: Vec<u32> = (0..64).collect();
+    for w in 0..n {
+        store(w, None, 1, &system);
+    }
+    let prompt = |c: u32| -> Vec<u32> {
+        let mut p = system.clone();
+        p.extend((0..128).map(|t| 1_000 + c * 1_000 + t));
+        p
+    };
+    let holder = |c: u32| (c as usize * 97 + 13) % n;
+    for c in 0..20 {
+        store(holder(c), Some(4), 5, &prompt(c)[64..]);
+    }
+    let mut r = router(PolicyKind::PredictedTtft);
+    r.set_event_index(ev.reader());
+    let workers = fleet_of(n);
+    let most = 2 * defaults::CANDIDATE_HOLDERS + defaults::CANDIDATE_SAMPLE;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for c in 0..20 {
+        let key = ids_key(prompt(c));
+        let req = r.request(&key);
+        let (view, d) = r.decide_on(&workers, &[], 0, 0, &req, &mut rng).unwrap();
+        assert!(view.ids.len() <= most, "{}", view.ids.len());
+        assert_eq!(d.worker, holder(c), "conversation {c}: {:?}", d.reason);
+        assert!(
+            matches!(
+                d.reason,
+                Reason::Cost {
+                    matched_tokens: 192,
+                    ..
+                }
+            ),
+            "{:?}",
+            d.reason
+        );
+        let (_, d) = r
+            .decide_on(&workers, &[holder(c)], 0, 0, &req, &mut rng)
+            .unwrap();
+        assert_ne!(d.worker, holder(c));
+        assert!(
+            matches!(
+                d.reason,
+                Reason::Cost {
+                    matched_tokens: 64,
+                    ..
+                }
+            ),
+            "the system prompt is held everywhere: {:?}",
+            d.reason
+        );
+    }
+}
+
 /// least_request on candidates (power of d choices) over 1,024 workers, 3 requests per
 /// worker held: no worker ends above mean + 1, against the whole fleet's exact mean.
 #[test]
