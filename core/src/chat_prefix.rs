@@ -40,7 +40,10 @@
 //! O(evicted).
 
 use crate::CoreError;
-use crate::route_key::{Endpoint, Messages, RouteKey, TokenSource, key_from_fields, parse_fields};
+use crate::route_key::{
+    Endpoint, Messages, RouteKey, TokenSource, copy_unaliased, key_from_fields, parse_fields,
+    shared_ids,
+};
 use crate::tokens::{BlockKeyMemo, BlockKeys, ShardTokenizers};
 use kvroute_tokenize::native::{self, PlainMessage, RenderOptions};
 use kvroute_tokenize::{IncrementalTokenizer, TokenizeError};
@@ -220,28 +223,6 @@ impl Chain<Vec<u32>> {
         // writes above initialised `dst[..n]` and then `dst[n..]` from `tail`, every element
         // exactly once (the assert checks the count).
         unsafe { out.assume_init() }
-    }
-}
-
-/// Ids per chunk of [`copy_unaliased`]: 1 KiB.
-const COPY_CHUNK: usize = 256;
-
-/// Copies `src` into `dst` (of equal length) in chunks of [`COPY_CHUNK`] ids, the last chunk
-/// first.
-///
-/// Why not one forward copy: `dst` is the data of an `Arc<[u32]>`, 16 bytes past the start
-/// of its allocation, while a large `Vec` (a chain segment) starts on a page boundary, so the
-/// destination runs 16 bytes ahead of the source modulo 4096. In a forward copy every load
-/// then matches the low 12 address bits of the store just before it and waits for it ("4K
-/// aliasing", Intel 64 and IA-32 Architectures Optimization Reference Manual). Measured on
-/// the 2-core dev VM (`perf/runs/2026-12-03-fleet-table/`): 33,000 ids into a new
-/// `Arc<[u32]>` took 62 µs forward and 2.8 µs last chunk first (1 KiB chunks), the same as a
-/// forward copy at offsets that do not alias (2.8–3.4 µs).
-fn copy_unaliased(dst: &mut [std::mem::MaybeUninit<u32>], src: &[u32]) {
-    let full = src.len() / COPY_CHUNK * COPY_CHUNK;
-    dst[full..].write_copy_of_slice(&src[full..]);
-    for at in (0..full).step_by(COPY_CHUNK).rev() {
-        dst[at..at + COPY_CHUNK].write_copy_of_slice(&src[at..at + COPY_CHUNK]);
     }
 }
 
@@ -780,7 +761,7 @@ impl ShardTokenizers {
         };
         insert(&chat, body, cands, &b, 0, cached);
         if !ids.is_empty() {
-            key.input_ids = Some(ids.into());
+            key.input_ids = Some(shared_ids(&ids));
             key.token_source = TokenSource::Prompt;
         }
         Some(Ok(reused))
@@ -962,30 +943,6 @@ mod tests {
 
     fn stats(s: &ShardTokenizers) -> (u64, u64) {
         lock(&s.chat).hits_misses()
-    }
-
-    #[test]
-    fn copy_unaliased_copies_every_id_at_every_length_and_offset() {
-        let src: Vec<u32> = (0..3 * COPY_CHUNK as u32 + 7).map(|i| i * 7 + 1).collect();
-        for len in [
-            0,
-            1,
-            COPY_CHUNK - 1,
-            COPY_CHUNK,
-            COPY_CHUNK + 1,
-            2 * COPY_CHUNK,
-            src.len() - 3,
-        ] {
-            for from in [0, 1, 3] {
-                let part = &src[from..from + len];
-                // Initialised beforehand, so an id left unwritten shows as u32::MAX.
-                let mut dst = vec![std::mem::MaybeUninit::new(u32::MAX); len];
-                copy_unaliased(&mut dst, part);
-                // SAFETY: every element was initialised by `vec!` above.
-                let got: Vec<u32> = dst.iter().map(|x| unsafe { x.assume_init() }).collect();
-                assert_eq!(got, part, "len {len} from {from}");
-            }
-        }
     }
 
     #[test]
