@@ -53,8 +53,8 @@
 
 use crossbeam_epoch::{self as epoch, Atomic, Guard, Owned};
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Stand-in for key 0 (the golden-ratio constant).
 pub(crate) const ZERO_KEY: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -226,6 +226,45 @@ pub(crate) struct SharedTable {
     words: usize,
     /// Bytes of live sparse heap rows (requested sizes; 0 for dense rows).
     heap: std::sync::atomic::AtomicUsize,
+    /// Tables replaced by a rebuild that no reader can reach any more, freed by the writer.
+    graveyard: Arc<Graveyard>,
+}
+
+/// Tables replaced by a rebuild whose last readers have unpinned, waiting for the writer to
+/// free them ([`TableWriter::end_batch`]).
+///
+/// Why not `defer_destroy`: crossbeam-epoch runs deferred functions on whichever thread
+/// collects garbage, usually a reader's pin, and freeing a table of millions of slots takes
+/// milliseconds (an munmap of hundreds of MB at 4,096 workers × 32k tokens). The deferred
+/// function here only moves the pointer into this list; the writer, which made the garbage,
+/// pays for freeing it. Measured in `kvroute bench fleet` (`perf/runs/2026-12-03-fleet-table/`).
+#[derive(Default)]
+struct Graveyard(Mutex<Vec<usize>>);
+
+impl Graveyard {
+    /// Frees every table here; returns how many.
+    fn bury(&self) -> usize {
+        let dead = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        for &addr in &dead {
+            // Safety: `addr` came from the `Owned` that `TableWriter::rebuild` swapped out,
+            // once every reader pinned before the swap had unpinned; it is pushed once and
+            // taken out once, so it is freed once.
+            drop(unsafe { Owned::<Table>::from_raw(addr as *mut Table) });
+        }
+        dead.len()
+    }
+
+    /// Tables waiting.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+impl Drop for Graveyard {
+    fn drop(&mut self) {
+        self.bury();
+    }
 }
 
 /// The table as of one pin: cheap lookups without reloading the pointer.
@@ -313,7 +352,7 @@ impl SharedTable {
 impl Drop for SharedTable {
     fn drop(&mut self) {
         // Safety: `&mut self` means no reader or writer can reach the table any more; older
-        // tables (already destroyed or deferred) never owned the heap rows, this one does.
+        // tables (buried, or deferred to the graveyard) never owned the heap rows, this one does.
         unsafe {
             let g = epoch::unprotected();
             let t = self.table.load(Ordering::Relaxed, g);
@@ -674,6 +713,7 @@ impl TableWriter {
                 table: Atomic::new(Table::with_slots(MIN_SLOTS, words, sparse)),
                 words,
                 heap: std::sync::atomic::AtomicUsize::new(0),
+                graveyard: Arc::default(),
             }),
             used: 0,
             live: 0,
@@ -1032,6 +1072,7 @@ impl TableWriter {
     /// [`FREE`]; this batch's unlinked slots are handed to the epoch collector, which marks
     /// them safe once every thread pinned now has unpinned.
     pub(crate) fn end_batch(&mut self, guard: &Guard) {
+        self.shared.graveyard.bury();
         let safe = self.safe.load(Ordering::Acquire);
         let t = self.table(guard);
         while let Some(&(b, n)) = self.batches.front() {
@@ -1134,8 +1175,14 @@ impl TableWriter {
             .table
             .swap(Owned::new(new), Ordering::AcqRel, guard);
         // Safety: `prev` is unreachable for new readers; readers pinned before the swap keep
-        // it alive until their guards drop.
-        unsafe { guard.defer_destroy(prev) };
+        // it alive until their guards drop, and only then does it go to the graveyard.
+        let addr = prev.as_raw() as usize;
+        let grave = Arc::clone(&self.shared.graveyard);
+        unsafe {
+            guard.defer_unchecked(move || {
+                grave.0.lock().unwrap_or_else(|e| e.into_inner()).push(addr);
+            })
+        };
         guard.flush();
         map
     }
@@ -1497,6 +1544,45 @@ mod tests {
             assert!(t.has_bit(slot, 3, &g));
         }
         assert!(!s.get_into(key(1), &g, &mut row));
+    }
+
+    /// A table replaced by a rebuild is freed by the writer, never by a reader that collects
+    /// epoch garbage: after a reader thread pins and flushes until the epoch has moved on, the
+    /// old table waits in the graveyard, and the writer's next batch frees it.
+    #[test]
+    fn readers_never_free_a_replaced_table() {
+        let _serial = EPOCH_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = TableWriter::new(1);
+        let s = t.shared();
+        set(&mut t, 1, 0);
+        let g = epoch::pin();
+        t.rebuild(100_000, &g);
+        drop(g);
+        // The reader's pins run the deferred functions (crossbeam collects on pin and flush).
+        let reader_s = Arc::clone(&s);
+        let waited = std::thread::spawn(move || {
+            let mut row = [0u64];
+            for i in 0..10_000 {
+                let g = epoch::pin();
+                assert!(reader_s.get_into(1, &g, &mut row));
+                g.flush();
+                drop(g);
+                if reader_s.graveyard.len() == 1 {
+                    return Some(i);
+                }
+            }
+            None
+        })
+        .join()
+        .unwrap();
+        assert!(waited.is_some(), "the old table reached the graveyard");
+        assert_eq!(s.graveyard.len(), 1, "no reader freed it");
+        let g = epoch::pin();
+        t.end_batch(&g);
+        assert_eq!(s.graveyard.len(), 0, "the writer's batch freed it");
+        let mut row = [0u64];
+        assert!(s.get_into(1, &g, &mut row));
+        assert_eq!(row, [1]);
     }
 
     /// A reader pinned across the writer's batches keeps the tombstones it might be reading
