@@ -40,10 +40,8 @@
 //! O(evicted).
 
 use crate::CoreError;
-use crate::route_key::{
-    Endpoint, Messages, RouteKey, TokenSource, copy_unaliased, key_from_fields, parse_fields,
-    shared_ids,
-};
+use crate::copy::{copy_unaliased, shared_slice};
+use crate::route_key::{Endpoint, Messages, RouteKey, TokenSource, key_from_fields, parse_fields};
 use crate::tokens::{BlockKeyMemo, BlockKeys, ShardTokenizers};
 use kvroute_tokenize::native::{self, PlainMessage, RenderOptions};
 use kvroute_tokenize::{IncrementalTokenizer, TokenizeError};
@@ -761,7 +759,7 @@ impl ShardTokenizers {
         };
         insert(&chat, body, cands, &b, 0, cached);
         if !ids.is_empty() {
-            key.input_ids = Some(shared_ids(&ids));
+            key.input_ids = Some(shared_slice(&ids));
             key.token_source = TokenSource::Prompt;
         }
         Some(Ok(reused))

@@ -21,6 +21,7 @@
 
 pub mod chat_prefix;
 pub mod config;
+pub mod copy;
 pub mod discovery;
 pub mod error;
 pub mod events;

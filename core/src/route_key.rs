@@ -161,39 +161,6 @@ fn not_utf8(before: &[u8]) -> CoreError {
     }
 }
 
-/// Ids per chunk of [`copy_unaliased`]: 1 KiB.
-const COPY_CHUNK: usize = 256;
-
-/// Copies `src` into `dst` (of equal length) in chunks of [`COPY_CHUNK`] ids, the last chunk
-/// first.
-///
-/// Why not one forward copy: `dst` is the data of an `Arc<[u32]>`, 16 bytes past the start
-/// of its allocation, while a large `Vec` (a chain segment, a tokenizer's output) starts on
-/// a page boundary, so the destination runs 16 bytes ahead of the source modulo 4096. In a
-/// forward copy every load then matches the low 12 address bits of the store just before it
-/// and waits for it ("4K aliasing", Intel 64 and IA-32 Architectures Optimization Reference
-/// Manual). Measured on the 2-core dev VM (`perf/runs/2026-12-03-4k-aliasing/`): 33,000 ids
-/// into a new
-/// `Arc<[u32]>` took 62 µs forward and 2.8 µs last chunk first (1 KiB chunks), the same as a
-/// forward copy at offsets that do not alias (2.8–3.4 µs).
-pub(crate) fn copy_unaliased(dst: &mut [std::mem::MaybeUninit<u32>], src: &[u32]) {
-    let full = src.len() / COPY_CHUNK * COPY_CHUNK;
-    dst[full..].write_copy_of_slice(&src[full..]);
-    for at in (0..full).step_by(COPY_CHUNK).rev() {
-        dst[at..at + COPY_CHUNK].write_copy_of_slice(&src[at..at + COPY_CHUNK]);
-    }
-}
-
-/// `ids` in a new shared buffer, copied by [`copy_unaliased`] (what `Arc::from` would do
-/// with one forward copy, at up to 20× the cost for a long prompt).
-pub(crate) fn shared_ids(ids: &[u32]) -> Arc<[u32]> {
-    let mut out = Arc::<[u32]>::new_uninit_slice(ids.len());
-    let dst = Arc::get_mut(&mut out).expect("a new Arc has no other owner");
-    copy_unaliased(dst, ids);
-    // SAFETY: `copy_unaliased` writes every element of `dst` (all `ids.len()` of them) once.
-    unsafe { out.assume_init() }
-}
-
 /// The [`RouteKey`] of parsed fields (the second half of [`route_key`]).
 ///
 /// # Errors
@@ -237,7 +204,7 @@ pub(crate) fn key_from_fields(endpoint: Endpoint, f: Fields<'_>) -> Result<Route
             None | Some(Prompt::Null) => return Err(CoreError::MissingField { field: "prompt" }),
             Some(Prompt::Text(t)) => key.text = t.into_owned(),
             Some(Prompt::Empty) => {}
-            Some(Prompt::Ids(ids)) => key.input_ids = Some(shared_ids(&ids)),
+            Some(Prompt::Ids(ids)) => key.input_ids = Some(crate::copy::shared_slice(&ids)),
             Some(Prompt::Invalid) => {
                 return Err(CoreError::WrongType {
                     field: "prompt",
@@ -247,7 +214,9 @@ pub(crate) fn key_from_fields(endpoint: Endpoint, f: Fields<'_>) -> Result<Route
         },
         Endpoint::Generate => {
             match f.input_ids {
-                Some(Prompt::Ids(ids)) if !ids.is_empty() => key.input_ids = Some(shared_ids(&ids)),
+                Some(Prompt::Ids(ids)) if !ids.is_empty() => {
+                    key.input_ids = Some(crate::copy::shared_slice(&ids))
+                }
                 None | Some(Prompt::Null | Prompt::Empty | Prompt::Ids(_)) => {}
                 Some(Prompt::Text(_)) | Some(Prompt::Invalid) => {
                     return Err(CoreError::WrongType {
@@ -1043,38 +1012,6 @@ deserialize_any_with!(Prompt<'de>, PromptVisitor);
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn copy_unaliased_copies_every_id_at_every_length_and_offset() {
-        let src: Vec<u32> = (0..3 * COPY_CHUNK as u32 + 7).map(|i| i * 7 + 1).collect();
-        for len in [
-            0,
-            1,
-            COPY_CHUNK - 1,
-            COPY_CHUNK,
-            COPY_CHUNK + 1,
-            2 * COPY_CHUNK,
-            src.len() - 3,
-        ] {
-            for from in [0, 1, 3] {
-                let part = &src[from..from + len];
-                // Initialised beforehand, so an id left unwritten shows as u32::MAX.
-                let mut dst = vec![std::mem::MaybeUninit::new(u32::MAX); len];
-                copy_unaliased(&mut dst, part);
-                // SAFETY: every element was initialised by `vec!` above.
-                let got: Vec<u32> = dst.iter().map(|x| unsafe { x.assume_init() }).collect();
-                assert_eq!(got, part, "len {len} from {from}");
-            }
-        }
-    }
-
-    #[test]
-    fn shared_ids_are_the_ids() {
-        let ids: Vec<u32> = (0..70_000).map(|i| i ^ 0x5555).collect();
-        assert_eq!(shared_ids(&ids)[..], ids[..]);
-        assert!(shared_ids(&[]).is_empty());
-    }
-
     use proptest::prelude::*;
 
     fn key(ep: Endpoint, body: &str) -> RouteKey {

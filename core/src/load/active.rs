@@ -393,7 +393,9 @@ impl ActiveLoad {
     /// [`ActiveLoad::free`].
     pub fn book(&self, b: Booking, now_ms: f64, in_flight: usize) -> u64 {
         let new_tokens = b.new_tokens();
-        let keys: Option<Arc<[u64]>> = (!b.block_keys.is_empty()).then(|| b.block_keys.into());
+        // Not `into()`: a forward copy of a page-aligned Vec into an Arc hits 4K aliasing.
+        let keys: Option<Arc<[u64]>> =
+            (!b.block_keys.is_empty()).then(|| crate::copy::shared_slice(&b.block_keys));
         let mut a = self.lock();
         let decode_load = decode_load_of(in_flight, a.prefill_requests, a.engine);
         let id = a.next_id;
