@@ -464,7 +464,8 @@ impl EventReader {
             }
             None => {
                 for (id, o) in self.owners.iter().enumerate() {
-                    if o.load(Ordering::Acquire) >> 32 == u64::from(worker) {
+                    let o = o.load(Ordering::Acquire);
+                    if o != u64::MAX && o >> 32 == u64::from(worker) {
                         f(id as u32);
                     }
                 }
@@ -505,7 +506,7 @@ impl Holders<'_> {
         best as usize * self.reader.block_size()
     }
 
-    /// Visible streams holding at least the first block.
+    /// Streams holding at least the first block, hidden ones included.
     pub fn streams(&self) -> usize {
         self.depths.holders()
     }
@@ -655,12 +656,13 @@ impl EventIndex {
 
     /// Memory of the positional index, bytes: every writer's share
     /// ([`EventWriter::memory_bytes`]: the shared table, slabs, record indexes) plus the
-    /// dense-id maps of the read side (9 B per stream slot). The per-stream counters and the
+    /// dense-id maps of the read side (17 B per stream slot). The per-stream counters and the
     /// few tier and copy entries are not counted.
     pub fn memory_bytes(&self) -> usize {
         self.writers.iter().map(|w| w.memory_bytes()).sum::<usize>()
             + self.reader.owners.len() * std::mem::size_of::<AtomicU64>()
             + self.reader.hidden.len() * std::mem::size_of::<AtomicBool>()
+            + (self.reader.heads.len() + self.reader.prev.len()) * std::mem::size_of::<AtomicU32>()
     }
 
     /// Hides `stream` from [`EventReader::find_matches`] (or shows it again); its blocks stay
