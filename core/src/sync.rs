@@ -337,8 +337,11 @@ pub fn apply(msg: &SyncMsg, me: u64, router: &Router, workers: &Workers, now_ms:
                 Some(PageKeys {
                     unit: PageUnit::Tokens { block: b },
                     keys,
-                }) if *b as usize == block => (keys.clone(), 0),
-                _ => (Vec::new(), booking.prompt_tokens / block as u64),
+                }) if *b as usize == block => (crate::copy::shared_slice(keys), 0),
+                _ => (
+                    std::sync::Arc::from([]),
+                    booking.prompt_tokens / block as u64,
+                ),
             };
             let b = Booking {
                 prompt_tokens: booking.prompt_tokens,

@@ -1162,7 +1162,7 @@ mod tests {
             prompt_tokens: 100,
             cached_tokens: 0,
             prefill_ms: 5.0,
-            block_keys: Vec::new(),
+            block_keys: Arc::from([]),
             unkeyed_blocks: 6,
         };
         let mut g = worker.acquire_booked(booking, 0.0);

@@ -987,20 +987,18 @@ impl EventIndex {
             let nw = self.table.words();
             let mut first = std::mem::take(&mut s.first);
             let mut depth = std::mem::take(&mut s.depth);
-            let mut runs = std::mem::take(&mut s.runs);
             first.resize(nw, 0);
             depth.resize(depth.len().max(nw * 64), 0);
-            runs.clear();
             let mut out = Out {
                 depth: &mut depth[..nw * 64],
-                runs: &mut runs,
+                runs: None,
             };
             let o = if self.find_into(keys, s, &mut first, &mut out) {
                 emit(&first, &depth)
             } else {
                 Overlap::default()
             };
-            (s.first, s.depth, s.runs) = (first, depth, runs);
+            (s.first, s.depth) = (first, depth);
             o
         };
         SCRATCH.with(|s| match s.try_borrow_mut() {
@@ -1027,7 +1025,7 @@ impl EventIndex {
         }
         let mut out = Out {
             depth: &mut d.depth,
-            runs: &mut d.runs,
+            runs: Some(&mut d.runs),
         };
         let found = SCRATCH.with(|s| match s.try_borrow_mut() {
             Ok(mut s) => self.find_into(keys, &mut s, &mut d.first, &mut out),
@@ -1145,19 +1143,19 @@ impl EventIndex {
     }
 }
 
-/// Per-thread scratch of [`EventIndex::find_matches`]: bitsets, per-worker depths, runs.
+/// Per-thread scratch of [`EventIndex::find_matches`]: bitsets and per-worker depths.
 #[derive(Default)]
 struct Scratch {
     words: Vec<u64>,
     first: Vec<u64>,
     depth: Vec<u32>,
-    runs: Vec<(u32, u32, u64)>,
 }
 
-/// Where a query writes its depths: each worker's, and the runs of [`Depths::runs`].
+/// Where a query writes its depths: each worker's, and the runs of [`Depths::runs`] when
+/// asked for ([`EventIndex::find_depths`]).
 struct Out<'a> {
     depth: &'a mut [u32],
-    runs: &'a mut Vec<(u32, u32, u64)>,
+    runs: Option<&'a mut Vec<(u32, u32, u64)>>,
 }
 
 impl Out<'_> {
@@ -1166,7 +1164,9 @@ impl Out<'_> {
     fn put(&mut self, w: usize, set: u64, d: u32) {
         if set != 0 {
             set_depth(&mut self.depth[w * 64..], set, d);
-            self.runs.push((d, w as u32, set));
+            if let Some(runs) = self.runs.as_mut() {
+                runs.push((d, w as u32, set));
+            }
         }
     }
 }

@@ -58,8 +58,9 @@ pub struct Booking {
     /// tokens).
     pub prefill_ms: f64,
     /// Block keys of the prompt's full blocks (router keys,
-    /// [`kvroute_index::keys::block_keys`]); empty when the request has no token ids.
-    pub block_keys: Vec<u64>,
+    /// [`kvroute_index::keys::block_keys`]); empty when the request has no token ids. Shared:
+    /// the worker's path set keeps this buffer, not a copy.
+    pub block_keys: Arc<[u64]>,
     /// Prompt blocks without keys (text requests), counted without sharing.
     pub unkeyed_blocks: u64,
 }
@@ -393,9 +394,7 @@ impl ActiveLoad {
     /// [`ActiveLoad::free`].
     pub fn book(&self, b: Booking, now_ms: f64, in_flight: usize) -> u64 {
         let new_tokens = b.new_tokens();
-        // Not `into()`: a forward copy of a page-aligned Vec into an Arc hits 4K aliasing.
-        let keys: Option<Arc<[u64]>> =
-            (!b.block_keys.is_empty()).then(|| crate::copy::shared_slice(&b.block_keys));
+        let keys = (!b.block_keys.is_empty()).then(|| Arc::clone(&b.block_keys));
         let mut a = self.lock();
         let decode_load = decode_load_of(in_flight, a.prefill_requests, a.engine);
         let id = a.next_id;
@@ -569,7 +568,7 @@ mod tests {
             prompt_tokens: prompt,
             cached_tokens: cached,
             prefill_ms: ms,
-            block_keys: keys.to_vec(),
+            block_keys: keys.into(),
             unkeyed_blocks: 0,
         }
     }

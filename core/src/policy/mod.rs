@@ -809,15 +809,16 @@ impl Router {
         // The event index answers grouped by depth: only its deepest holders and the
         // candidates are mapped to workers, not every holder (a fleet-wide system prompt is
         // held by every worker).
-        let holders = self
-            .event_reader(req)
-            .filter(|_| reads_overlaps)
-            .map(|ev| ev.holders(&req.block_keys));
-        // The rule may fall back to the tree once eligibility is known: ask it now.
-        let tree = match (&holders, p.rule) {
-            _ if !reads_overlaps => None,
-            (Some(_), OverlapRule::EventsOnly) => None,
-            _ => Some(self.tree_answer(req, now_ms)),
+        let (holders, tree) = if reads_overlaps {
+            let holders = self.event_reader(req).map(|ev| ev.holders(&req.block_keys));
+            // The rule may fall back to the tree once eligibility is known: ask it now.
+            let tree = match (&holders, p.rule) {
+                (Some(_), OverlapRule::EventsOnly) => None,
+                _ => Some(self.tree_answer(req, now_ms)),
+            };
+            (holders, tree)
+        } else {
+            (None, None)
         };
         let mut deepest = Vec::new();
         if let Some(h) = &holders {
@@ -892,7 +893,8 @@ impl Router {
             } else {
                 0
             },
-            block_keys: req.block_keys.clone(),
+            // One copy, kept by the worker's path set (`shared_slice`: no 4K aliasing).
+            block_keys: crate::copy::shared_slice(&req.block_keys),
         };
         if let Some(w) = snap.get(decision.worker) {
             let a = &w.active;

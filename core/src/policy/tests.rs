@@ -1020,16 +1020,32 @@ fn fleet_of(n: usize) -> crate::workers::Workers {
     crate::workers::Workers::new(&urls).unwrap()
 }
 
+/// Workers of the large-fleet tests: 4 × [`defaults::FULL_SCAN_WORKERS`], so decisions score
+/// a candidate set.
+const LARGE: usize = 4 * defaults::FULL_SCAN_WORKERS;
+
+/// Most candidates of one decision: two answers' holders and the sample.
+const MOST_CANDIDATES: usize = 2 * defaults::CANDIDATE_HOLDERS + defaults::CANDIDATE_SAMPLE;
+
+/// A router of `kind`, a fleet of [`LARGE`] workers ([`fleet_of`]) and an rng seeded `seed`.
+fn large_fleet(
+    kind: PolicyKind,
+    seed: u64,
+) -> (Router, crate::workers::Workers, rand::rngs::StdRng) {
+    (
+        router(kind),
+        fleet_of(LARGE),
+        rand::rngs::StdRng::seed_from_u64(seed),
+    )
+}
+
 /// Above [`defaults::FULL_SCAN_WORKERS`] slots, predicted_ttft scores a candidate set of at
 /// most 2 answers' holders + the sample, and still sends each conversation's second turn to
 /// the worker of its first (the holder is a candidate), never to a vetoed worker.
 #[test]
 fn a_large_fleet_decides_on_candidates_and_keeps_affinity() {
-    let n = 4 * defaults::FULL_SCAN_WORKERS;
-    let r = router(PolicyKind::PredictedTtft);
-    let workers = fleet_of(n);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    let most = 2 * defaults::CANDIDATE_HOLDERS + defaults::CANDIDATE_SAMPLE;
+    let (r, workers, mut rng) = large_fleet(PolicyKind::PredictedTtft, 3);
+    let most = MOST_CANDIDATES;
     for c in 0..40u64 {
         let t1 = format!(
             "conversation {c}: {}",
@@ -1080,7 +1096,7 @@ fn a_large_fleet_on_events_finds_the_one_deep_holder_among_all_sharing_a_prefix(
     use crate::events::{
         BlockStored, EventBatch, EventIndex, EventIndexSettings, KvEvent, StreamId,
     };
-    let n = 4 * defaults::FULL_SCAN_WORKERS;
+    let n = LARGE;
     let mut ev = EventIndex::with_settings(&EventIndexSettings {
         block_size: 16,
         max_streams: n,
@@ -1120,11 +1136,9 @@ fn a_large_fleet_on_events_finds_the_one_deep_holder_among_all_sharing_a_prefix(
     for c in 0..20 {
         store(holder(c), Some(4), 5, &prompt(c)[64..]);
     }
-    let mut r = router(PolicyKind::PredictedTtft);
+    let (mut r, workers, mut rng) = large_fleet(PolicyKind::PredictedTtft, 11);
     r.set_event_index(ev.reader());
-    let workers = fleet_of(n);
-    let most = 2 * defaults::CANDIDATE_HOLDERS + defaults::CANDIDATE_SAMPLE;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let most = MOST_CANDIDATES;
     for c in 0..20 {
         let key = ids_key(prompt(c));
         let req = r.request(&key);
@@ -1164,10 +1178,8 @@ fn a_large_fleet_on_events_finds_the_one_deep_holder_among_all_sharing_a_prefix(
 /// worker held: no worker ends above mean + 1, against the whole fleet's exact mean.
 #[test]
 fn a_large_fleet_least_request_on_candidates_stays_within_one_of_the_mean() {
-    let n = 4 * defaults::FULL_SCAN_WORKERS;
-    let r = router(PolicyKind::LeastRequest);
-    let workers = fleet_of(n);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let n = LARGE;
+    let (r, workers, mut rng) = large_fleet(PolicyKind::LeastRequest, 5);
     let mut guards = Vec::new();
     for i in 0..3 * n as u64 {
         let key = text_key(&format!("request {i}"));
@@ -1187,9 +1199,7 @@ fn a_large_fleet_least_request_on_candidates_stays_within_one_of_the_mean() {
 /// decision falls back to the whole fleet, so it still reaches one of the 3.
 #[test]
 fn a_large_fleet_falls_back_to_the_whole_when_few_candidates_serve() {
-    let n = 4 * defaults::FULL_SCAN_WORKERS;
-    let r = router(PolicyKind::PredictedTtft);
-    let workers = fleet_of(n);
+    let (r, workers, mut rng) = large_fleet(PolicyKind::PredictedTtft, 9);
     for w in workers.iter() {
         let serves = if [10, 500, 1000].contains(&w.id) {
             "m"
@@ -1198,7 +1208,6 @@ fn a_large_fleet_falls_back_to_the_whole_when_few_candidates_serve() {
         };
         w.set_models(vec![serves.into()]);
     }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     for i in 0..50u64 {
         let key = text_key(&format!("prompt {i}"));
         let (view, d) = r
