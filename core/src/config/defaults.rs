@@ -94,19 +94,33 @@ pub const PREFIX_HASH_TOKENS: usize = 256;
 /// requests, c = 1.25. Source: Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with
 /// Bounded Loads" (SODA 2018), the c used in HAProxy's `hash-balance-factor 125`.
 pub const HASH_LOAD_FACTOR: f64 = 1.25;
-/// predicted_ttft weight α of the request's own prefill (1 = pure predicted TTFT; above 1 a
-/// miss pays for the capacity it takes from later requests). Measured with `kvroute simulate
-/// --sweep` on Mooncake ×8 (8 engines, 365,600 blocks, load reports every 1 s), (α,
-/// eviction weight) → hit %, TTFT p99 ms: (1, 0.5) 29.7, 19,776 (misses recomputed
-/// everywhere); (2, 0.5) 34.0, 1,792; (3, 1.5) 35.2, 1,911; (4, 0.5) 35.3, 1,972; (6, 0.5)
-/// 35.7, 2,107; (6, 1.5) 35.9, 2,109: α trades tail for hit rate. With the decode term
-/// ([`TTFT_DECODE_WEIGHT`] 0.5), α 3 → 33.3 %, 1,922 ms; α 5 → 34.4 %, 1,916 ms, but α 5
-/// fails seed doc 003's herding test (coefficient of variation 0.36 over 4 engines against
-/// < 0.1 at α 3): stickier than the decode term can spread.
+/// predicted_ttft weight α of a continuation's own prefill (1 = pure predicted TTFT; above 1
+/// a recomputed prefix pays for the capacity it takes from later requests). Measured with
+/// `kvroute simulate --sweep` on Mooncake ×8 (8 engines, 365,600 blocks, load reports every
+/// 1 s), before the tail term, (α, eviction weight) → hit %, TTFT p99 ms: (1, 0.5) 29.7,
+/// 19,776 (misses recomputed everywhere); (2, 0.5) 34.0, 1,792; (3, 1.5) 35.2, 1,911; (6, 1.5)
+/// 35.9, 2,109 (perf/runs/2026-12-01-policies). A stickier α reaches the anchors' hit rate
+/// (α 50 with [`TTFT_DECODE_MARGIN`] 0.25: 36.5 % / 1,886 ms at ×8, 36.8 / 1,624 at ×1) but
+/// piles seed doc 003's sessions, whose first turns are 80 % a shared system prompt, on one
+/// engine (coefficient of variation 1.73 against < 0.1; perf/runs/2026-12-03-predicted-ttft),
+/// so the default stays 3, the largest that passes that test.
 pub const TTFT_PREFILL_WEIGHT: f64 = 3.0;
-/// predicted_ttft weight of evicted blocks' prefill time: at α = 3, 0 → 34.6 %, 1,920 ms and
-/// max/mean 1.60; 1.5 → 35.2 %, 1,911 ms, 1.29; 3 → 34.8 %, 2,007 ms (same sweep as
-/// [`TTFT_PREFILL_WEIGHT`]).
+/// predicted_ttft weight α of a miss's own prefill: 1, pure predicted TTFT (a miss keeps no
+/// cache; it goes where it starts soonest).
+pub const TTFT_MISS_PREFILL_WEIGHT: f64 = 1.0;
+/// predicted_ttft: a request is a continuation when some eligible worker holds strictly more
+/// than this share of its prompt, 0–1. Source: SMG's `--cache-threshold` 0.3 (anchors.md
+/// §2.3), which gates affinity the same way.
+pub const TTFT_AFFINITY_THRESHOLD: f64 = 0.3;
+/// predicted_ttft τ of the tail term `(wait + own)² / τ`, ms: a predicted TTFT of τ costs τ
+/// more, one of 3τ costs 9τ more, so short waits keep affinity and long ones move. With the
+/// affinity threshold and the resident term, Mooncake ×8 (load reports every 1 s): τ 0 →
+/// 33.1 % / 1,942 ms; 1 s → 32.4 % / 1,737 ms; ×1: 35.3 / 1,586 → 35.0 / 1,542
+/// (perf/runs/2026-12-03-predicted-ttft).
+pub const TTFT_TAIL_MS: f64 = 1_000.0;
+/// predicted_ttft weight of evicted blocks' prefill time. Measured at α = 3 without the tail
+/// term (Mooncake ×8, load reports every 1 s): 0 → 34.6 %, 1,920 ms and max/mean 1.60; 1.5 →
+/// 35.2 %, 1,911 ms, 1.29; 3 → 34.8 %, 2,007 ms (perf/runs/2026-12-01-policies).
 pub const TTFT_EVICT_WEIGHT: f64 = 1.5;
 /// predicted_ttft charge when a request does not fit in free KV memory, ms: 10 s, above any
 /// queue wait the trees' workloads produce, so a worker that would preempt is chosen last.
@@ -118,6 +132,19 @@ pub const TTFT_NO_FIT_MS: f64 = 10_000.0;
 /// at α 3, 0.25 → 34.3 %, 1,883 ms; 1 → 31.2 %, 1,959 ms (the decode load spreads sessions off
 /// their prefix); 0.5 is the least that stops herding.
 pub const TTFT_DECODE_WEIGHT: f64 = 0.5;
+/// predicted_ttft: a worker's decode blocks up to (1 + this) × the eligible workers' mean are
+/// not charged; −1 charges every block (Dynamo's form), the default: at α 3 a margin of 0
+/// fails seed doc 003's herding test (coefficient of variation 0.63), while at α 50 a margin
+/// of 0.25 keeps 1.4 points of Mooncake ×8 hit rate that charging every block loses
+/// (perf/runs/2026-12-03-predicted-ttft).
+pub const TTFT_DECODE_MARGIN: f64 = -1.0;
+/// predicted_ttft weight, for a miss, of the share of a worker's KV memory that other
+/// sessions' cache holds (cached blocks / capacity, both known only with events and engine
+/// reports): a new conversation placed there evicts their next turns. WEKA's 12
+/// conversations (8 engines, capacity 1.25× the largest request, load reports every 1 s): 0 →
+/// 95.0 % / 4,082 ms / max/mean 1.86; 1 → 95.4 / 3,856 / 1.58
+/// (perf/runs/2026-12-03-predicted-ttft).
+pub const TTFT_RESIDENT_WEIGHT: f64 = 1.0;
 /// Prompt chars per token, for text requests. Source: OpenAI's rule of thumb for English ("1
 /// token ≈ 4 characters", help.openai.com "What are tokens").
 pub const CHARS_PER_TOKEN: f64 = 4.0;

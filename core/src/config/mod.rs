@@ -160,9 +160,18 @@ pub struct PolicyKnobs {
     /// prefix_hash and consistent_hash: a worker above this × the mean load (+1) is passed
     /// over on the ring ([`defaults::HASH_LOAD_FACTOR`]); ≥ 1.
     pub hash_load_factor: f64,
-    /// predicted_ttft: weight α of the request's own prefill time against the wait
+    /// predicted_ttft: weight α of a continuation's own prefill time against the wait
     /// ([`defaults::TTFT_PREFILL_WEIGHT`]); ≥ 0.
     pub ttft_prefill_weight: f64,
+    /// predicted_ttft: weight α of a miss's own prefill time
+    /// ([`defaults::TTFT_MISS_PREFILL_WEIGHT`]); ≥ 0.
+    pub ttft_miss_prefill_weight: f64,
+    /// predicted_ttft: share of the prompt some eligible worker must hold (strictly more) for
+    /// the request to be a continuation, 0–1 ([`defaults::TTFT_AFFINITY_THRESHOLD`]).
+    pub ttft_affinity_threshold: f64,
+    /// predicted_ttft: τ of the tail term `TTFT² / τ`, ms; 0 = off
+    /// ([`defaults::TTFT_TAIL_MS`]); ≥ 0.
+    pub ttft_tail_ms: f64,
     /// predicted_ttft: weight of the prefill time of other sessions' cached blocks this
     /// request would evict ([`defaults::TTFT_EVICT_WEIGHT`]); ≥ 0.
     pub ttft_evict_weight: f64,
@@ -172,6 +181,12 @@ pub struct PolicyKnobs {
     /// predicted_ttft: weight of the worker's active decode blocks, each charged one block's
     /// prefill ms ([`defaults::TTFT_DECODE_WEIGHT`]); ≥ 0.
     pub ttft_decode_weight: f64,
+    /// predicted_ttft: decode blocks up to `(1 + margin) ×` the eligible workers' mean are
+    /// not charged; −1 charges every block ([`defaults::TTFT_DECODE_MARGIN`]); ≥ −1.
+    pub ttft_decode_margin: f64,
+    /// predicted_ttft: weight, for a miss, of the share of a worker's KV memory other
+    /// sessions' cache holds ([`defaults::TTFT_RESIDENT_WEIGHT`]); ≥ 0.
+    pub ttft_resident_weight: f64,
     /// Prompt chars per token, for text requests' token estimates
     /// ([`defaults::CHARS_PER_TOKEN`]); > 0.
     pub chars_per_token: f64,
@@ -204,9 +219,14 @@ impl Default for PolicyKnobs {
             prefix_hash_tokens: defaults::PREFIX_HASH_TOKENS,
             hash_load_factor: defaults::HASH_LOAD_FACTOR,
             ttft_prefill_weight: defaults::TTFT_PREFILL_WEIGHT,
+            ttft_miss_prefill_weight: defaults::TTFT_MISS_PREFILL_WEIGHT,
+            ttft_affinity_threshold: defaults::TTFT_AFFINITY_THRESHOLD,
+            ttft_tail_ms: defaults::TTFT_TAIL_MS,
             ttft_evict_weight: defaults::TTFT_EVICT_WEIGHT,
             ttft_no_fit_ms: defaults::TTFT_NO_FIT_MS,
             ttft_decode_weight: defaults::TTFT_DECODE_WEIGHT,
+            ttft_decode_margin: defaults::TTFT_DECODE_MARGIN,
+            ttft_resident_weight: defaults::TTFT_RESIDENT_WEIGHT,
             chars_per_token: defaults::CHARS_PER_TOKEN,
             full_scan_workers: defaults::FULL_SCAN_WORKERS,
             candidate_holders: defaults::CANDIDATE_HOLDERS,
@@ -310,6 +330,36 @@ impl PolicyKnobs {
                 "ttft_prefill_weight",
                 k.ttft_prefill_weight,
                 nonneg(k.ttft_prefill_weight),
+                ">= 0",
+            ),
+            (
+                "ttft_miss_prefill_weight",
+                k.ttft_miss_prefill_weight,
+                nonneg(k.ttft_miss_prefill_weight),
+                ">= 0",
+            ),
+            (
+                "ttft_affinity_threshold",
+                k.ttft_affinity_threshold,
+                unit(k.ttft_affinity_threshold),
+                "in [0, 1]",
+            ),
+            (
+                "ttft_tail_ms",
+                k.ttft_tail_ms,
+                nonneg(k.ttft_tail_ms),
+                ">= 0",
+            ),
+            (
+                "ttft_decode_margin",
+                k.ttft_decode_margin,
+                k.ttft_decode_margin.is_finite() && k.ttft_decode_margin >= -1.0,
+                ">= -1",
+            ),
+            (
+                "ttft_resident_weight",
+                k.ttft_resident_weight,
+                nonneg(k.ttft_resident_weight),
                 ">= 0",
             ),
             (

@@ -1,8 +1,8 @@
 //! `predicted_ttft`, kvroute's own policy: the eligible worker with the lowest predicted
-//! time to first token, ms, charged for what the request costs the worker:
+//! time to first token, ms, charged for what the request costs the worker and the fleet:
 //!
 //! ```text
-//! cost_w = wait_w + α · own_w + evict_w + no_fit_w + decode_w
+//! cost_w = wait_w + α · own_w + (wait_w + own_w)² / τ + evict_w + no_fit_w + decode_w + resident_w
 //! wait_w = the worker's prefill clock − now: when it will have prefilled what is booked on it
 //!          (advanced by each dispatch's predicted prefill, re-anchored at every observed
 //!          first token; once first tokens are overdue, the age of the oldest booking still
@@ -10,26 +10,38 @@
 //! own_w  = the worker's learned prefill curve (crate::load::timing) at this request's new
 //!          tokens there: prompt − its overlap on w (at least the last token), chunked under
 //!          the step token budget, slower while the worker decodes
+//! α      = prefill_weight for a continuation (some eligible worker holds more than
+//!          affinity_threshold of the prompt), miss_prefill_weight for a miss
+//! τ      = tail_ms (0: no tail term)
 //! evict_w = evict_weight · own_w · (blocks of other sessions' cache its new blocks evict
 //!          / its new blocks): the new blocks beyond the worker's never-used memory
 //!          (capacity − cached blocks), when both are known
 //! no_fit_w = no_fit_ms when its new blocks exceed the worker's free KV memory
 //!          (capacity × (1 − KV usage) − blocks dispatched since that report), when known
-//! decode_w = decode_weight · the worker's unique active blocks · one block's prefill ms
+//! decode_w = decode_weight · the worker's unique active blocks above (1 + decode_margin) ×
+//!          the eligible workers' mean · one block's prefill ms
+//! resident_w = misses only: resident_weight · own_w · cached blocks / capacity, when known
 //! ```
 //!
+//! Read as a rule: a continuation stays with the worker that holds its prefix (α = 3: a
+//! recomputed block costs three times its prefill) unless waiting there would put it in the
+//! tail — the quadratic term grows with the predicted TTFT itself, so a 100 ms wait costs
+//! 10 ms more and a 2 s one 4 s more; a miss (a new conversation, or one whose history was
+//! evicted everywhere) goes where it starts soonest (α = 1), away from workers whose memory
+//! other sessions hold (their next turns would be evicted). The threshold is SMG's
+//! `cache_threshold` idea (anchors.md §2.2, step 3): affinity only for a real share of the
+//! prompt, so a shared system prompt does not herd new conversations onto one worker.
+//!
 //! The decode term is Dynamo's (anchors.md §3.1: a decode block weighs as a prefill block),
-//! in ms: without it a stream of short prefills that each drain before the next arrives
-//! piles every session on the holder of their shared prefix (its queue is always empty),
-//! and that worker's decode batch, TPOT and KV memory pay for it (seed doc 003's herding
-//! experiment, test `herding_pure_affinity_piles_the_cost_policies_spread`).
+//! in ms (optionally only above a margin over the fleet's mean): without it a stream of short prefills that each
+//! drain before the next arrives piles every session on the holder of their shared prefix
+//! (its queue is always empty), and that worker's decode batch, TPOT and KV memory pay for
+//! it (seed doc 003's herding experiment, test
+//! `herding_pure_affinity_piles_the_cost_policies_spread`).
 //!
-//! α > 1 charges a miss for the capacity it burns: a long uncached prefill delays every
-//! request queued after it on that worker, so a worker that would recompute a prefix must be
-//! idle enough to be worth it. Ties (a cold, idle fleet) at random.
-//!
-//! It runs on whatever index the router has (events where workers publish them, the token
-//! tree else, the text tree with chars scaled to tokens: [`super::Router::overlaps`]).
+//! Ties (a cold, idle fleet) at random. It runs on whatever index the router has (events
+//! where workers publish them, the token tree else, the text tree with chars scaled to
+//! tokens: [`super::Router::overlaps`]).
 
 use super::prefix::Overlaps;
 use super::wait::pick_min;
@@ -39,18 +51,31 @@ use crate::load::timing::Shape;
 use rand::Rng;
 use std::cell::Cell;
 
-/// predicted_ttft's parameters.
+/// predicted_ttft's parameters (the module doc's symbols; defaults and their measurements in
+/// [`crate::config::defaults`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TtftParams {
-    /// α, the weight of the request's own prefill.
+    /// α of a continuation, the weight of the request's own prefill.
     pub prefill_weight: f64,
+    /// α of a miss.
+    pub miss_prefill_weight: f64,
+    /// Share of the prompt, 0–1, that some eligible worker must hold (strictly more) for the
+    /// request to be a continuation.
+    pub affinity_threshold: f64,
+    /// τ of the tail term, ms; 0 = no tail term.
+    pub tail_ms: f64,
     /// Weight of evicted blocks' prefill.
     pub evict_weight: f64,
     /// Charge when the request does not fit, ms.
     pub no_fit_ms: f64,
-    /// Weight of the worker's active decode blocks, each charged what prefilling one block
-    /// costs on that worker.
+    /// Weight of the worker's active decode blocks above the margin, each charged what
+    /// prefilling one block costs on that worker.
     pub decode_weight: f64,
+    /// Decode blocks up to `(1 + margin) ×` the eligible workers' mean are not charged; ≥ −1
+    /// (−1: every block).
+    pub decode_margin: f64,
+    /// Weight of the share of a worker's memory other sessions' cache holds, for a miss.
+    pub resident_weight: f64,
 }
 
 impl TtftParams {
@@ -58,9 +83,14 @@ impl TtftParams {
     pub fn of(k: &PolicyKnobs) -> Self {
         Self {
             prefill_weight: k.ttft_prefill_weight,
+            miss_prefill_weight: k.ttft_miss_prefill_weight,
+            affinity_threshold: k.ttft_affinity_threshold,
+            tail_ms: k.ttft_tail_ms,
             evict_weight: k.ttft_evict_weight,
             no_fit_ms: k.ttft_no_fit_ms,
             decode_weight: k.ttft_decode_weight,
+            decode_margin: k.ttft_decode_margin,
+            resident_weight: k.ttft_resident_weight,
         }
     }
 }
@@ -70,18 +100,80 @@ pub fn decode_load(w: &WorkerLoad) -> f64 {
     crate::load::active::decode_load(w.in_flight, &w.active)
 }
 
-/// The terms of `cost_w` (module doc) for worker `w`: `(wait, own, evict + decode, no_fit)`,
-/// ms. `last`: the [`Shape`] of the previous worker scored in this decision (reused when this
-/// worker would compute as many new tokens in chunks of the same size; `Cell::new(None)`
-/// for a worker alone).
+/// What one decision knows before it scores a worker: whether the request is a
+/// continuation (α, and whether the resident term applies), and the decode blocks a worker
+/// may hold uncharged.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Context {
+    /// Some eligible worker holds more than `affinity_threshold` of the prompt.
+    pub continuation: bool,
+    /// `(1 + decode_margin) ×` the eligible workers' mean unique active blocks.
+    pub decode_floor: f64,
+}
+
+impl Context {
+    /// The context of `req` over `snap`'s eligible workers (one pass over them).
+    pub fn of(p: &TtftParams, snap: &Snapshot<'_>, req: &Request<'_>, ov: &Overlaps) -> Self {
+        let (mut best, mut blocks) = (0u64, 0u64);
+        for &w in snap.eligible {
+            best = best.max(ov.tokens(w));
+            blocks += snap.load(w).active.decode_blocks;
+        }
+        let n = snap.eligible.len().max(1) as f64;
+        Self {
+            continuation: best as f64 > p.affinity_threshold * req.prompt_tokens as f64,
+            decode_floor: (1.0 + p.decode_margin) * blocks as f64 / n,
+        }
+    }
+}
+
+/// The terms of `cost_w` (module doc) for one worker, ms.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Terms {
+    /// `wait_w`.
+    pub wait: f64,
+    /// `own_w`.
+    pub own: f64,
+    /// `evict_w`.
+    pub evict: f64,
+    /// `no_fit_w`.
+    pub no_fit: f64,
+    /// `decode_w`.
+    pub decode: f64,
+    /// `resident_w`.
+    pub resident: f64,
+}
+
+impl Terms {
+    /// `cost_w` (module doc).
+    pub fn cost(&self, p: &TtftParams, ctx: &Context) -> f64 {
+        let alpha = if ctx.continuation {
+            p.prefill_weight
+        } else {
+            p.miss_prefill_weight
+        };
+        let ttft = self.wait + self.own;
+        let tail = if p.tail_ms > 0.0 {
+            ttft * ttft / p.tail_ms
+        } else {
+            0.0
+        };
+        self.wait + alpha * self.own + tail + self.evict + self.no_fit + self.decode + self.resident
+    }
+}
+
+/// The [`Terms`] of worker `w`. `last`: the [`Shape`] of the previous worker scored in this
+/// decision (reused when this worker would compute as many new tokens in chunks of the same
+/// size; `Cell::new(None)` for a worker alone).
 pub fn terms(
     p: &TtftParams,
+    ctx: &Context,
     snap: &Snapshot<'_>,
     req: &Request<'_>,
     ov: &Overlaps,
     w: usize,
     last: &Cell<Option<(usize, Shape)>>,
-) -> (f64, f64, f64, f64) {
+) -> Terms {
     let wl = snap.load(w);
     let a = &wl.active;
     let cached = ov.tokens(w).min(req.prompt_tokens.saturating_sub(1));
@@ -97,30 +189,38 @@ pub fn terms(
     let own = a.prefill.prefill_ms_shaped(&shape, decode_load(wl));
     let bs = req.block_size as u64;
     let new_blocks = new.div_ceil(bs);
-    let (mut evict, mut no_fit) = (0.0, 0.0);
+    let mut t = Terms {
+        wait: a.prefill_wait_ms,
+        own,
+        ..Terms::default()
+    };
     if let Some(cap) = a.engine.and_then(|e| e.capacity_blocks) {
-        if let (Some(cached_blocks), true) = (wl.cached_blocks, new_blocks > 0) {
-            let empty = cap.saturating_sub(cached_blocks);
-            let evicted = new_blocks.saturating_sub(empty);
-            evict = p.evict_weight * own * evicted as f64 / new_blocks as f64;
+        if let Some(cached_blocks) = wl.cached_blocks {
+            if new_blocks > 0 {
+                let empty = cap.saturating_sub(cached_blocks);
+                let evicted = new_blocks.saturating_sub(empty);
+                t.evict = p.evict_weight * own * evicted as f64 / new_blocks as f64;
+            }
+            if !ctx.continuation && cap > 0 {
+                t.resident = p.resident_weight * own * cached_blocks.min(cap) as f64 / cap as f64;
+            }
         }
         if let Some(u) = a.engine.and_then(|e| e.kv_usage) {
             let free = cap as f64 * (1.0 - u) - a.since_poll_tokens as f64 / bs as f64;
             if new_blocks as f64 > free {
-                no_fit = p.no_fit_ms;
+                t.no_fit = p.no_fit_ms;
             }
         }
     }
     // A block's worth of prefill at full-chunk efficiency, on this worker's curve (not
-    // computed for a worker with nothing decoding: most of a large fleet at any instant).
-    let decode = if a.decode_blocks == 0 || p.decode_weight == 0.0 {
-        0.0
-    } else {
+    // computed for a worker at or below the floor: most of a large fleet at any instant).
+    let excess = a.decode_blocks as f64 - ctx.decode_floor;
+    if excess > 0.0 && p.decode_weight > 0.0 {
         let step = a.step_tokens.max(1) as u64;
         let per_block = a.prefill.prefill_ms(step, a.step_tokens, 0.0) * bs as f64 / step as f64;
-        p.decode_weight * a.decode_blocks as f64 * per_block
-    };
-    (a.prefill_wait_ms, own, evict + decode, no_fit)
+        t.decode = p.decode_weight * excess * per_block;
+    }
+    t
 }
 
 /// The lowest predicted cost (module doc).
@@ -131,11 +231,9 @@ pub fn decide(
     ov: &Overlaps,
     rng: &mut impl Rng,
 ) -> Decision {
+    let ctx = Context::of(p, snap, req, ov);
     let last = Cell::new(None);
-    let cost = |w: usize| {
-        let (wait, own, evict, no_fit) = terms(p, snap, req, ov, w, &last);
-        wait + p.prefill_weight * own + evict + no_fit
-    };
+    let cost = |w: usize| terms(p, &ctx, snap, req, ov, w, &last).cost(p, &ctx);
     let worker = pick_min(snap.eligible.iter().copied(), cost, rng).unwrap_or(snap.eligible[0]);
     Decision::by_cost(worker, ov)
 }

@@ -957,12 +957,19 @@ fn b2_misses_never_go_to_the_smallest_tree() {
     }
 }
 
-/// predicted_ttft, worked example on the prior curve (engine-model.md §4, α = 3, nothing
-/// decoding, no KV report): an 8,704-token prompt whose first 8,192 tokens worker 0 holds.
-/// Worker 0 at 300 ms of booked prefill: 300 + 3 × prefill(512) = 300 + 3 × 24.39 = 373.2;
-/// idle worker 1: 3 × prefill(8,704) = 3 × (2 × 16.50 + 15.18 × 8.704 + 0.421 × (8.192² +
-/// 0.512²)) = 3 × 193.52 = 580.6 → worker 0. At 600 ms of booked prefill worker 0 costs 673.2 →
-/// worker 1.
+/// predicted_ttft, worked example on the prior curve (engine-model.md §4; defaults α 3 for
+/// a continuation, 1 for a miss, τ 1 s; nothing decoding, no KV report), two workers, an
+/// 8,704-token prompt. prefill(512) = 16.50 + 15.18 × 0.512 + 0.421 × 0.512² = 24.386,
+/// prefill(7,680) = 157.942, prefill(8,704) = 2 × 16.50 + 15.18 × 8.704 + 0.421 × (8.192² +
+/// 0.512²) = 193.523.
+///
+/// Continuation (worker 0 holds 8,192 tokens: 94 % > 30 %): idle worker 1 costs
+/// 3 × 193.523 + 193.523² / 1000 = 618.02; worker 0 at wait W costs W + 3 × 24.386 +
+/// (W + 24.386)² / 1000: 478.38 at 300 ms (stays), 848.14 at 500 ms (moves).
+///
+/// Miss (worker 0 holds 1,024 tokens: 12 % ≤ 30 %, α 1): worker 1 costs 193.523 + 37.451 =
+/// 230.97; worker 0 costs W + 157.942 + (W + 157.942)² / 1000: 182.89 idle (stays), 251.18
+/// at 50 ms (moves).
 #[test]
 fn predicted_ttft_worked_example() {
     let key = RouteKey::default();
@@ -970,18 +977,21 @@ fn predicted_ttft_worked_example() {
         block_size: 16,
         ..request_of(&key, 8_704)
     };
-    let ov = prefix::Overlaps::from_index(
-        prefix::Source::Events,
-        prefix::Unit::Tokens,
-        &[(0, 8_192)],
-        2,
-        8_704,
-        1.0,
-    );
     let p = TtftParams::of(&Config::default().knobs);
-    assert_eq!(p.prefill_weight, 3.0);
+    assert_eq!(
+        (p.prefill_weight, p.miss_prefill_weight, p.tail_ms),
+        (3.0, 1.0, 1_000.0)
+    );
     let eligible = [0, 1];
-    let pick = |wait: f64| {
+    let pick = |held: usize, wait: f64| {
+        let ov = prefix::Overlaps::from_index(
+            prefix::Source::Events,
+            prefix::Unit::Tokens,
+            &[(0, held)],
+            2,
+            8_704,
+            1.0,
+        );
         let mut workers = vec![WorkerLoad::default(); 2];
         workers[0].active.prefill_wait_ms = wait;
         workers[0].active.prefill_requests = 1;
@@ -994,24 +1004,76 @@ fn predicted_ttft_worked_example() {
             seq: 0,
             now_ms: 0,
         };
+        let ctx = predicted_ttft::Context::of(&p, &snap, &req, &ov);
         let cost = |w| {
-            let (wait, own, evict, no_fit) =
-                predicted_ttft::terms(&p, &snap, &req, &ov, w, &std::cell::Cell::new(None));
-            wait + p.prefill_weight * own + evict + no_fit
+            predicted_ttft::terms(&p, &ctx, &snap, &req, &ov, w, &std::cell::Cell::new(None))
+                .cost(&p, &ctx)
         };
         let (c0, c1) = (cost(0), cost(1));
         let d = predicted_ttft::decide(&p, &snap, &req, &ov, &mut rand::rng());
-        (c0, c1, d.worker)
+        (ctx.continuation, c0, c1, d.worker)
     };
-    let (c0, c1, w) = pick(300.0);
+    let close = |got: f64, want: f64| (got - want).abs() < 0.1;
+    for (wait, want0, want_worker) in [(300.0, 478.38, 0), (500.0, 848.14, 1)] {
+        let (continuation, c0, c1, w) = pick(8_192, wait);
+        assert!(continuation);
+        assert!(close(c0, want0) && close(c1, 618.02), "{wait}: {c0} {c1}");
+        assert_eq!(w, want_worker, "{wait}");
+    }
+    for (wait, want0, want_worker) in [(0.0, 182.89, 0), (50.0, 251.18, 1)] {
+        let (continuation, c0, c1, w) = pick(1_024, wait);
+        assert!(!continuation);
+        assert!(close(c0, want0) && close(c1, 230.97), "{wait}: {c0} {c1}");
+        assert_eq!(w, want_worker, "{wait}");
+    }
+}
+
+/// predicted_ttft's decode term: workers with 1,000 and 3,000 unique decode blocks (mean
+/// 2,000), one block's prefill on the prior curve 169.14 ms / 512 = 0.3303 ms. By default
+/// (margin −1: Dynamo's form, every block) 0.5 × 1,000 × 0.3303 = 165.17 and 495.52 ms; at
+/// margin 0.25 (floor 2,500) worker 0 pays nothing and worker 1 0.5 × 500 × 0.3303 = 82.59.
+#[test]
+fn predicted_ttft_decode_term_with_and_without_a_margin() {
+    let key = RouteKey::default();
+    let req = Request {
+        block_size: 16,
+        ..request_of(&key, 1_024)
+    };
+    let ov = prefix::Overlaps::none(2, 1_024, prefix::Unit::Tokens, 1.0);
+    let mut workers = vec![WorkerLoad::default(); 2];
+    workers[0].active.decode_blocks = 1_000;
+    workers[1].active.decode_blocks = 3_000;
+    let eligible = [0, 1];
+    let snap = Snapshot {
+        workers: &workers,
+        ids: &[],
+        eligible: &eligible,
+        seq: 0,
+        now_ms: 0,
+    };
+    let decode = |p: &TtftParams| {
+        let ctx = predicted_ttft::Context::of(p, &snap, &req, &ov);
+        let t = |w| {
+            predicted_ttft::terms(p, &ctx, &snap, &req, &ov, w, &std::cell::Cell::new(None)).decode
+        };
+        (ctx.decode_floor, t(0), t(1))
+    };
+    let close = |got: f64, want: f64| (got - want).abs() < 0.01;
+    let p = TtftParams::of(&Config::default().knobs);
+    let (floor, d0, d1) = decode(&p);
     assert!(
-        (c0 - 373.2).abs() < 0.1 && (c1 - 580.6).abs() < 0.1,
-        "{c0} {c1}"
+        floor == 0.0 && close(d0, 165.17) && close(d1, 495.52),
+        "{d0} {d1}"
     );
-    assert_eq!(w, 0);
-    let (c0, _, w) = pick(600.0);
-    assert!((c0 - 673.2).abs() < 0.1, "{c0}");
-    assert_eq!(w, 1);
+    let p = TtftParams {
+        decode_margin: 0.25,
+        ..p
+    };
+    let (floor, d0, d1) = decode(&p);
+    assert!(
+        close(floor, 2_500.0) && d0 == 0.0 && close(d1, 82.59),
+        "{d0} {d1}"
+    );
 }
 
 /// A registry of `n` workers whose model lists are not known yet (each takes any model).
