@@ -770,7 +770,7 @@ pub fn simulate(
             let (ids, text) = prompts.prompt(r, &trace.meta[i], with_text);
             let key = RouteKey {
                 text: text.unwrap_or_default(),
-                input_ids: with_ids.then(|| ids.clone().into()),
+                input_ids: with_ids.then(|| std::sync::Arc::from(ids.as_slice())),
                 ..RouteKey::default()
             };
             // Common random numbers: request i's tie-breaks draw from its own stream, so two

@@ -199,7 +199,13 @@ impl Table {
     /// words, one or two cache lines. No effect on the answer.
     #[inline]
     fn prefetch(&self, k: u64) {
-        let i = self.home(k);
+        self.prefetch_slot(self.home(k));
+    }
+
+    /// Asks the CPU to start loading slot `i` (< `len`): its key and words, one or two cache
+    /// lines. No effect on the table.
+    #[inline]
+    fn prefetch_slot(&self, i: usize) {
         let p = self.cells[i * self.stride..].as_ptr();
         prefetch_ptr(p.cast());
         // A slot of more than one word may straddle a line: fetch the one holding its end.
@@ -1053,6 +1059,16 @@ impl TableWriter {
     #[inline]
     pub(crate) fn prefetch(&self, k: u64, guard: &Guard) {
         self.table(guard).prefetch(stored_key(k));
+    }
+
+    /// Starts loading the row at `slot` (a live slot) into the cache, for a
+    /// [`Self::clear_bit`] soon after (a hint, no effect on the table).
+    #[inline]
+    pub(crate) fn prefetch_slot(&self, slot: u32, guard: &Guard) {
+        let t = self.table(guard);
+        if (slot as usize) < t.slots() {
+            t.prefetch_slot(slot as usize);
+        }
     }
 
     /// The key stored at `slot` (a live slot; [`ZERO_KEY`] for a real 0).

@@ -182,6 +182,18 @@ impl WordIds {
         self.indices(ns, id, n).map(|i| self.ids[i]).collect()
     }
 
+    /// Appends [`Self::block_tokens`]`(ns, id, n)` to `out`. The ids are written into slots
+    /// grown up front rather than pushed one by one (a push re-reads and re-writes the
+    /// vector's length every token: the prompt generator's hot loop).
+    pub fn push_block_tokens(&self, ns: u32, id: u64, n: usize, out: &mut Vec<u32>) {
+        let m = FastMod::new(self.ids.len() as u64);
+        let start = out.len();
+        out.resize(start + n, 0);
+        for (slot, z) in out[start..].iter_mut().zip(SplitMix64::new(ns, id)) {
+            *slot = self.ids[m.rem(z) as usize];
+        }
+    }
+
     /// Text of [`Self::block_tokens`]: the words, each with its leading space
     /// (`" sticky finder vic …"`), which re-tokenizes to exactly those ids.
     pub fn block_text(&self, ns: u32, id: u64, n: usize) -> String {
@@ -350,7 +362,7 @@ impl PromptBuilder {
                     t.push_str(&words[i]);
                 }
             }
-            None => ids.extend(self.words.indices(ns, id, n).map(|i| table[i])),
+            None => self.words.push_block_tokens(ns, id, n, &mut ids),
         };
         let b = self.block_tokens;
         for (i, &id) in r.hash_ids.iter().enumerate() {
@@ -482,6 +494,16 @@ mod tests {
             [27402, 43730, 31431, 89745, 30854, 88631, 47106, 31127]
         );
         assert_eq!(w.block_tokens(0, 0, 3), [73221, 26183, 35652]);
+        // Appending writes the same ids after what the vector held.
+        let mut out = vec![7];
+        w.push_block_tokens(1, 1, 8, &mut out);
+        w.push_block_tokens(0, 0, 3, &mut out);
+        assert_eq!(
+            out,
+            [
+                7, 27402, 43730, 31431, 89745, 30854, 88631, 47106, 31127, 73221, 26183, 35652
+            ]
+        );
     }
 
     #[test]

@@ -370,6 +370,11 @@ pub struct EventReader {
     prev: Arc<[AtomicU32]>,
 }
 
+/// Blocks of an event whose positional-index lookups are prefetched ahead of the one being
+/// checked ([`EventWriter::prefetch`]): each lookup of a large index is a cache miss, and
+/// prefetching lets several overlap.
+const LOOKAHEAD: usize = 8;
+
 /// No dense id (end of a worker's chain in [`EventReader`]).
 const NO_ID: u32 = u32::MAX;
 
@@ -895,7 +900,13 @@ impl EventIndex {
             return;
         }
         let mut handles = Vec::with_capacity(n * k);
-        for &h in &ev.block_hashes {
+        for &h in ev.block_hashes.iter().take(LOOKAHEAD) {
+            writer.prefetch(id, h);
+        }
+        for (i, &h) in ev.block_hashes.iter().enumerate() {
+            if let Some(&next) = ev.block_hashes.get(i + LOOKAHEAD) {
+                writer.prefetch(id, next);
+            }
             if writer.holds(id, h) {
                 // Already indexed (§8.3): the index holds one record, whose tier and touch
                 // change; a second GPU copy is counted (rule table: copies).
@@ -955,7 +966,13 @@ impl EventIndex {
         let writer = &mut self.writers[id as usize / SHARD_WORKERS];
         let k = state.ratio.max(1);
         let mut gone = Vec::new();
-        for &h in &ev.block_hashes {
+        for &h in ev.block_hashes.iter().take(LOOKAHEAD) {
+            writer.prefetch(id, h);
+        }
+        for (i, &h) in ev.block_hashes.iter().enumerate() {
+            if let Some(&next) = ev.block_hashes.get(i + LOOKAHEAD) {
+                writer.prefetch(id, next);
+            }
             if !writer.holds(id, h) {
                 state.stats.unknown_removals += 1;
                 continue;

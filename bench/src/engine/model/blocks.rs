@@ -7,11 +7,9 @@
 //! operation is one map lookup plus O(1) list work (vLLM's `FreeKVCacheBlockQueue` is the
 //! same list).
 
-use std::collections::HashMap;
-
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use crate::fasthash::FastHash;
+use super::block_map::{BlockMap, Probe};
 
 /// Opaque engine hash of one *full* block, chained over the whole prefix up to and including
 /// the block. Deliberately unrelated to the router's own block keys (`engine-model.md` §1
@@ -107,6 +105,10 @@ pub struct OutOfBlocks {
 /// Most blocks whose map and arena room [`BlockManager::new`] reserves up front.
 const PRESIZE_MAX_BLOCKS: usize = 1 << 20;
 
+/// Blocks of a request whose map positions are prefetched ahead of the one being looked up
+/// ([`BlockMap::prefetch`]; [`BlockManager::prefetch`] for callers).
+const LOOKAHEAD: usize = 8;
+
 /// End of list / no slot.
 const NIL: u32 = u32::MAX;
 
@@ -150,7 +152,7 @@ struct Block {
 pub struct BlockManager {
     block_size: usize,
     num_gpu_blocks: usize,
-    map: HashMap<BlockHash, Slot, FastHash>,
+    map: BlockMap,
     arena: Vec<Block>,
     free: Vec<Slot>,
     head: Slot,
@@ -175,7 +177,7 @@ impl BlockManager {
         Self {
             block_size,
             num_gpu_blocks,
-            map: HashMap::with_capacity_and_hasher(room, FastHash::default()),
+            map: BlockMap::with_capacity(room),
             arena: Vec::with_capacity(room),
             free: Vec::new(),
             head: NIL,
@@ -228,7 +230,7 @@ impl BlockManager {
     /// Hashes of every cached full block (active and inactive), unordered: the ground truth
     /// an event consumer's index is compared with.
     pub fn cached_hashes(&self) -> Vec<BlockHash> {
-        self.map.keys().copied().collect()
+        self.map.iter().map(|(h, _)| h).collect()
     }
 
     /// Blocks evicted since start (each produced one hash in a [`BlockEvent::Removed`]).
@@ -243,14 +245,14 @@ impl BlockManager {
 
     /// Whether the full block `h` is cached (active or inactive).
     pub fn is_cached(&self, h: BlockHash) -> bool {
-        self.map.contains_key(&h)
+        self.map.get(h).is_some()
     }
 
     /// Refcount of `h` (0 when inactive or absent).
     pub fn refcount(&self, h: BlockHash) -> u32 {
         self.map
-            .get(&h)
-            .map_or(0, |&s| self.arena[s as usize].refcount)
+            .get(h)
+            .map_or(0, |s| self.arena[s as usize].refcount)
     }
 
     /// Inactive hashes from LRU head (next to evict) to tail.
@@ -288,10 +290,17 @@ impl BlockManager {
         out: &mut Vec<Slot>,
     ) {
         out.clear();
-        let cap = num_tokens.saturating_sub(1) / self.block_size;
-        for h in hashes.iter().take(cap) {
+        let cap = (num_tokens.saturating_sub(1) / self.block_size).min(hashes.len());
+        let hashes = &hashes[..cap];
+        for &h in hashes.iter().take(LOOKAHEAD) {
+            self.map.prefetch(h);
+        }
+        for (i, &h) in hashes.iter().enumerate() {
+            if let Some(&next) = hashes.get(i + LOOKAHEAD) {
+                self.map.prefetch(next);
+            }
             match self.map.get(h) {
-                Some(&s) => out.push(s),
+                Some(s) => out.push(s),
                 None => break,
             }
         }
@@ -304,8 +313,8 @@ impl BlockManager {
             .iter()
             .filter(|h| {
                 self.map
-                    .get(h)
-                    .is_some_and(|&s| self.arena[s as usize].refcount == 0)
+                    .get(**h)
+                    .is_some_and(|s| self.arena[s as usize].refcount == 0)
             })
             .count()
     }
@@ -325,7 +334,7 @@ impl BlockManager {
     /// If a hash is not cached (callers pass the result of [`Self::lookup_prefix`]).
     pub fn take_cached(&mut self, hashes: &[BlockHash]) {
         for h in hashes {
-            let s = *self.map.get(h).expect("take_cached: block not cached");
+            let s = self.map.get(*h).expect("take_cached: block not cached");
             self.acquire(s);
         }
     }
@@ -399,7 +408,7 @@ impl BlockManager {
                 debug_assert!(s != NIL, "counted as available");
                 self.unlink(s);
                 let h = self.arena[s as usize].hash;
-                self.map.remove(&h);
+                self.map.remove(h);
                 self.free.push(s);
                 removed.push(h);
             }
@@ -408,6 +417,13 @@ impl BlockManager {
         }
         self.private += n;
         Ok(())
+    }
+
+    /// Asks the CPU to start loading where the cache map keeps (or would keep) `h`: a hint,
+    /// no effect on the cache, for callers that know the next blocks they will fill.
+    #[inline]
+    pub fn prefetch(&self, h: BlockHash) {
+        self.map.prefetch(h);
     }
 
     /// A private block of a request just became full with hash `h`. If `h` is already cached
@@ -428,13 +444,12 @@ impl BlockManager {
     pub fn fill_private_slot(&mut self, h: BlockHash) -> (Slot, bool) {
         assert!(self.private > 0, "fill_private without a private block");
         self.private -= 1;
-        match self.map.entry(h) {
-            std::collections::hash_map::Entry::Occupied(o) => {
-                let s = *o.get();
+        match self.map.find(h) {
+            Probe::Found(s) => {
                 self.acquire(s);
                 (s, false)
             }
-            std::collections::hash_map::Entry::Vacant(v) => {
+            Probe::Absent(pos) => {
                 let block = Block {
                     hash: h,
                     refcount: 1,
@@ -451,7 +466,7 @@ impl BlockManager {
                         (self.arena.len() - 1) as Slot
                     }
                 };
-                v.insert(s);
+                self.map.insert_at(pos, h, s);
                 self.active += 1;
                 self.stored_total += 1;
                 (s, true)
@@ -469,7 +484,7 @@ impl BlockManager {
     pub fn release(&mut self, full: &[BlockHash], private: usize) {
         let slots: Vec<Slot> = full
             .iter()
-            .map(|h| *self.map.get(h).expect("released block not active"))
+            .map(|&h| self.map.get(h).expect("released block not active"))
             .collect();
         self.release_slots(&slots, private);
     }
@@ -520,9 +535,9 @@ impl BlockManager {
             return Err("1: live and free slots do not partition the arena".into());
         }
         let mut active = 0;
-        for (h, &s) in &self.map {
+        for (h, s) in self.map.iter() {
             let b = self.arena.get(s as usize);
-            if b.is_none_or(|b| b.hash != *h) || freed.contains(&s) {
+            if b.is_none_or(|b| b.hash != h) || freed.contains(&s) {
                 return Err(format!("1: block {h:#x} not at its slot {s}"));
             }
             if self.arena[s as usize].refcount > 0 {

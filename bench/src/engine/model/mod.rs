@@ -10,6 +10,7 @@
 //! | [`tokens`] | seeded filler output tokens | §6 |
 //! | `engine_core` | [`EngineCore`], [`StepOutput`], [`EngineStats`], [`EngineError`] | §2–§4 |
 
+mod block_map;
 pub mod blocks;
 mod engine_core;
 pub mod scheduler;
