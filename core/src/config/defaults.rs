@@ -26,19 +26,20 @@ pub const CONNECT_TIMEOUT_MS: u64 = 3_000;
 /// time in the engine keeps their views close (bug-cases.md B44).
 pub const LOAD_POLL_MS: u64 = 0;
 /// Routing policy: `predicted_ttft`, kvroute's own (the lowest predicted time to first
-/// token), because it won the measurements of issue 14 on TTFT with the anchors' hit rates.
-/// `kvroute simulate`, 8 engines, engine load reports every 1 s, on KV events
-/// (perf/runs/2026-12-01-policies):
+/// token), because it has the shortest TTFT tail of the policies at near the anchors' hit
+/// rates (issue 14). `kvroute simulate`, 8 engines, engine load reports every 1 s, on KV
+/// events (perf/runs/2026-12-03-predicted-ttft; the anchors' rows are unchanged from
+/// perf/runs/2026-12-01-policies):
 ///
 /// | workload | policy | hit % (bound) | TTFT p99 ms | max/mean |
 /// |---|---|---|---|---|
-/// | Mooncake ×8 | predicted_ttft | 33.3 (37.4) | 1,922 | 1.20 |
+/// | Mooncake ×8 | predicted_ttft | 32.4 (37.4) | 1,737 | 1.09 |
 /// | | smg_cache_aware | 36.4 | 2,462 | 1.05 |
 /// | | dynamo_kv | 22.8 | 2,017 | 1.04 |
-/// | Mooncake ×1 | predicted_ttft | 35.2 | 1,645 | 1.04 |
+/// | Mooncake ×1 | predicted_ttft | 35.0 | 1,542 | 1.04 |
 /// | | smg_cache_aware | 36.5 | 1,691 | 1.03 |
 /// | | dynamo_kv | 29.9 | 1,586 | 1.04 |
-/// | WEKA, 12 conversations | predicted_ttft | 95.0 (95.5) | 4,082 | 1.86 |
+/// | WEKA, 12 conversations | predicted_ttft | 95.4 (95.5) | 3,856 | 1.58 |
 /// | | smg_cache_aware | 90.4 | 17,465 | 2.42 |
 /// | | dynamo_kv | 94.2 | 3,856 | 2.30 |
 ///
