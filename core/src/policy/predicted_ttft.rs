@@ -25,18 +25,19 @@
 //!
 //! Read as a rule: a continuation stays with the worker that holds its prefix (α = 3: a
 //! recomputed block costs three times its prefill) unless waiting there would put it in the
-//! tail — the quadratic term grows with the predicted TTFT itself, so a 100 ms wait costs
-//! 10 ms more and a 2 s one 4 s more; a miss (a new conversation, or one whose history was
+//! tail — the quadratic term grows with the predicted TTFT itself, so a predicted TTFT of
+//! 100 ms costs 10 ms more and one of 2 s costs 4 s more; a miss (a new conversation, or one whose history was
 //! evicted everywhere) goes where it starts soonest (α = 1), away from workers whose memory
 //! other sessions hold (their next turns would be evicted). The threshold is SMG's
 //! `cache_threshold` idea (anchors.md §2.2, step 3): affinity only for a real share of the
-//! prompt, so a shared system prompt does not herd new conversations onto one worker.
+//! prompt, so a short head every conversation shares (Mooncake's first 512 tokens) does not
+//! make each new conversation a continuation of that head's holder.
 //!
 //! The decode term is Dynamo's (anchors.md §3.1: a decode block weighs as a prefill block),
-//! in ms (optionally only above a margin over the fleet's mean): without it a stream of short prefills that each
-//! drain before the next arrives piles every session on the holder of their shared prefix
-//! (its queue is always empty), and that worker's decode batch, TPOT and KV memory pay for
-//! it (seed doc 003's herding experiment, test
+//! in ms (optionally only above a margin over the fleet's mean): without it a stream of
+//! short prefills that each drain before the next arrives piles every session on the
+//! holder of their shared prefix (its queue is always empty), and that worker's decode
+//! batch, TPOT and KV memory pay for it (seed doc 003's herding experiment, test
 //! `herding_pure_affinity_piles_the_cost_policies_spread`).
 //!
 //! Ties (a cold, idle fleet) at random. It runs on whatever index the router has (events

@@ -486,11 +486,16 @@ fn cache_partitions_never_match_each_other() {
 
 /// A snapshot of request counts `loads` (leaked: a test's few bytes).
 fn snap<'a>(loads: &[usize], eligible: &'a [usize], seq: u64) -> Snapshot<'a> {
+    snap_of(Vec::leak(WorkerLoad::of_requests(loads)), eligible)
+}
+
+/// A snapshot of `workers` at time 0, decision 0.
+fn snap_of<'a>(workers: &'a [WorkerLoad], eligible: &'a [usize]) -> Snapshot<'a> {
     Snapshot {
-        workers: Vec::leak(WorkerLoad::of_requests(loads)),
+        workers,
         ids: &[],
         eligible,
-        seq,
+        seq: 0,
         now_ms: 0,
     }
 }
@@ -973,10 +978,7 @@ fn b2_misses_never_go_to_the_smallest_tree() {
 #[test]
 fn predicted_ttft_worked_example() {
     let key = RouteKey::default();
-    let req = Request {
-        block_size: 16,
-        ..request_of(&key, 8_704)
-    };
+    let req = request_of(&key, 8_704);
     let p = TtftParams::of(&Config::default().knobs);
     assert_eq!(
         (p.prefill_weight, p.miss_prefill_weight, p.tail_ms),
@@ -997,13 +999,7 @@ fn predicted_ttft_worked_example() {
         workers[0].active.prefill_requests = 1;
         workers[0].in_flight = 1;
         workers[0].requests = 1;
-        let snap = Snapshot {
-            workers: &workers,
-            ids: &[],
-            eligible: &eligible,
-            seq: 0,
-            now_ms: 0,
-        };
+        let snap = snap_of(&workers, &eligible);
         let ctx = predicted_ttft::Context::of(&p, &snap, &req, &ov);
         let cost = |w| {
             predicted_ttft::terms(&p, &ctx, &snap, &req, &ov, w, &std::cell::Cell::new(None))
@@ -1035,22 +1031,13 @@ fn predicted_ttft_worked_example() {
 #[test]
 fn predicted_ttft_decode_term_with_and_without_a_margin() {
     let key = RouteKey::default();
-    let req = Request {
-        block_size: 16,
-        ..request_of(&key, 1_024)
-    };
+    let req = request_of(&key, 1_024);
     let ov = prefix::Overlaps::none(2, 1_024, prefix::Unit::Tokens, 1.0);
     let mut workers = vec![WorkerLoad::default(); 2];
     workers[0].active.decode_blocks = 1_000;
     workers[1].active.decode_blocks = 3_000;
     let eligible = [0, 1];
-    let snap = Snapshot {
-        workers: &workers,
-        ids: &[],
-        eligible: &eligible,
-        seq: 0,
-        now_ms: 0,
-    };
+    let snap = snap_of(&workers, &eligible);
     let decode = |p: &TtftParams| {
         let ctx = predicted_ttft::Context::of(p, &snap, &req, &ov);
         let t = |w| {
