@@ -745,6 +745,7 @@ mod tests {
             sync_delay_ms: None,
             spread_secs: DEFAULT_SPREAD_SECS,
             wire_events: false,
+            engine_speedups: Vec::new(),
         };
         crate::sim::simulate(trace, &prompts(), &cfg).unwrap()
     }

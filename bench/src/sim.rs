@@ -209,6 +209,10 @@ pub struct SimConfig {
     /// (true), or as the decoded batches straight into the same [`EventIndex`] (false:
     /// faster, identical results; `engine::events` tests that both batches are equal).
     pub wire_events: bool,
+    /// Per-engine factors on `engine.speedup_ratio`: engine `i` runs `engine_speedups[i]`×
+    /// faster (a heterogeneous fleet); engines past the end run at 1×. Empty: every engine
+    /// alike.
+    pub engine_speedups: Vec<f64>,
 }
 
 /// Errors of [`simulate`].
@@ -524,6 +528,8 @@ pub fn simulate(
             Ok(Slot {
                 core: EngineCore::new(&EngineConfig {
                     seed: i as u64,
+                    speedup_ratio: cfg.engine.speedup_ratio
+                        * cfg.engine_speedups.get(i).copied().unwrap_or(1.0),
                     ..cfg.engine.clone()
                 })?,
                 busy_until: None,
@@ -986,6 +992,7 @@ mod tests {
             sync_delay_ms: None,
             spread_secs: DEFAULT_SPREAD_SECS,
             wire_events: true,
+            engine_speedups: Vec::new(),
         }
     }
 
@@ -1498,6 +1505,7 @@ mod calibration_tests {
             sync_delay_ms: None,
             spread_secs: DEFAULT_SPREAD_SECS,
             wire_events: false,
+            engine_speedups: Vec::new(),
         };
         let rep = simulate(&Trace::mooncake(records), &prompts(), &cfg).unwrap();
         let c = rep.learned[0];
@@ -1505,6 +1513,84 @@ mod calibration_tests {
         for (got, want) in c.ms.iter().zip(truth) {
             assert!((got - want).abs() / want < 0.1, "{c:?}");
         }
+    }
+
+    /// Issue 14's calibration fleet: 8 engines, two of them (0 and 1) 2× faster. Unique
+    /// prompts of 512 to 30,720 tokens arrive 8 s apart (each alone, so each TTFT is a
+    /// clean sample; the first fast engine learned soon takes them all), then 600 of 4,096
+    /// tokens 25 ms apart (more than one fast engine can take, so the other is tried and
+    /// learned too). Every engine's learned curve is within 10 % of its true one at 1k / 8k /
+    /// 32k new tokens (the fast ones: half the mocker's 32.49 / 169.14 / 676.56 ms), and
+    /// `predicted_ttft` sends each fast engine more requests than any slow one.
+    #[test]
+    fn two_fast_engines_are_learned_and_get_more_work() {
+        let mut s = 5u64;
+        let mut records: Vec<TraceRecord> = (0..200u64)
+            .map(|i| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let blocks = 1 + (s >> 33) % 60;
+                TraceRecord {
+                    timestamp_ms: i * 8_000,
+                    input_length: (blocks * 512) as u32,
+                    output_length: 1,
+                    hash_ids: (0..blocks).map(|b| 1_000_000 * (i + 1) + b).collect(),
+                }
+            })
+            .collect();
+        let start = 200 * 8_000;
+        records.extend((0..600u64).map(|i| TraceRecord {
+            timestamp_ms: start + i * 25,
+            input_length: 4_096,
+            output_length: 1,
+            hash_ids: (0..8).map(|b| 1_000_000 * (1_000 + i) + b).collect(),
+        }));
+        let cfg = SimConfig {
+            engines: 8,
+            engine: EngineConfig {
+                num_gpu_blocks: 400_000,
+                ..EngineConfig::default()
+            },
+            router: Config {
+                policy: PolicyKind::PredictedTtft,
+                ..Config::default()
+            },
+            routing: Routing::Events,
+            time_scale: 1.0,
+            seed: DEFAULT_SEED,
+            event_delay_ms: DEFAULT_EVENT_DELAY_MS,
+            replicas: 1,
+            sync_delay_ms: None,
+            spread_secs: DEFAULT_SPREAD_SECS,
+            wire_events: false,
+            engine_speedups: vec![2.0, 2.0],
+        };
+        let rep = simulate(&Trace::mooncake(records), &prompts(), &cfg).unwrap();
+        let slow = [32.49, 169.14, 4.0 * 169.14];
+        for (e, c) in rep.learned.iter().enumerate() {
+            let speed = cfg.engine_speedups.get(e).copied().unwrap_or(1.0);
+            for (got, want) in c.ms.iter().zip(slow.map(|ms| ms / speed)) {
+                assert!(
+                    (got - want).abs() / want < 0.1,
+                    "engine {e}: {c:?}, served {:?}",
+                    rep.replay.per_worker
+                );
+            }
+        }
+        let served = |e: usize| {
+            rep.replay
+                .per_worker
+                .get(&format!("sim-{e}"))
+                .copied()
+                .unwrap_or(0)
+        };
+        let least_fast = served(0).min(served(1));
+        let most_slow = (2..8).map(served).max().unwrap();
+        assert!(
+            least_fast > most_slow,
+            "fast {least_fast}, slow up to {most_slow}"
+        );
     }
 
     /// Seed doc 003's herding experiment (anchors.md §7 E6): 4 engines, a 4-block system
@@ -1548,6 +1634,7 @@ mod calibration_tests {
                 sync_delay_ms: None,
                 spread_secs: DEFAULT_SPREAD_SECS,
                 wire_events: false,
+                engine_speedups: Vec::new(),
             };
             simulate(&Trace::mooncake(records.clone()), &prompts(), &cfg).unwrap()
         };

@@ -205,6 +205,7 @@ impl Fleet {
             sync_delay_ms: self.sync_delay_ms,
             spread_secs: sim::DEFAULT_SPREAD_SECS,
             wire_events: false,
+            engine_speedups: Vec::new(),
         }
     }
 }

@@ -146,6 +146,13 @@ pub const TTFT_DECODE_MARGIN: f64 = -1.0;
 /// 95.0 % / 4,082 ms / max/mean 1.86; 1 → 95.4 / 3,856 / 1.58
 /// (perf/runs/2026-12-03-predicted-ttft).
 pub const TTFT_RESIDENT_WEIGHT: f64 = 1.0;
+/// predicted_ttft: a worker's own prefill is predicted with its learned scale this many
+/// standard deviations of the fit below the estimate (the lower confidence bound: 0.5 below
+/// the prior before any sample, ~0.05 after a dozen). Without it a worker whose curve is
+/// still the prior is never tried while measured ones look slightly faster, and a 2× faster
+/// engine is never learned (test `two_fast_engines_are_learned_and_get_more_work`: engine 1
+/// served 0 of 800 requests). kvroute's choice; `0` turns it off.
+pub const TTFT_EXPLORE: f64 = 0.5;
 /// Prompt chars per token, for text requests. Source: OpenAI's rule of thumb for English ("1
 /// token ≈ 4 characters", help.openai.com "What are tokens").
 pub const CHARS_PER_TOKEN: f64 = 4.0;

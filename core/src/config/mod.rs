@@ -187,6 +187,9 @@ pub struct PolicyKnobs {
     /// predicted_ttft: weight, for a miss, of the share of a worker's KV memory other
     /// sessions' cache holds ([`defaults::TTFT_RESIDENT_WEIGHT`]); ≥ 0.
     pub ttft_resident_weight: f64,
+    /// predicted_ttft: standard deviations of a worker's learned prefill scale below the fit
+    /// that its own prefill is predicted at ([`defaults::TTFT_EXPLORE`]); ≥ 0.
+    pub ttft_explore: f64,
     /// Prompt chars per token, for text requests' token estimates
     /// ([`defaults::CHARS_PER_TOKEN`]); > 0.
     pub chars_per_token: f64,
@@ -227,6 +230,7 @@ impl Default for PolicyKnobs {
             ttft_decode_weight: defaults::TTFT_DECODE_WEIGHT,
             ttft_decode_margin: defaults::TTFT_DECODE_MARGIN,
             ttft_resident_weight: defaults::TTFT_RESIDENT_WEIGHT,
+            ttft_explore: defaults::TTFT_EXPLORE,
             chars_per_token: defaults::CHARS_PER_TOKEN,
             full_scan_workers: defaults::FULL_SCAN_WORKERS,
             candidate_holders: defaults::CANDIDATE_HOLDERS,
@@ -360,6 +364,12 @@ impl PolicyKnobs {
                 "ttft_resident_weight",
                 k.ttft_resident_weight,
                 nonneg(k.ttft_resident_weight),
+                ">= 0",
+            ),
+            (
+                "ttft_explore",
+                k.ttft_explore,
+                nonneg(k.ttft_explore),
                 ">= 0",
             ),
             (

@@ -9,7 +9,8 @@
 //!          waiting for one; crate::load::active)
 //! own_w  = the worker's learned prefill curve (crate::load::timing) at this request's new
 //!          tokens there: prompt − its overlap on w (at least the last token), chunked under
-//!          the step token budget, slower while the worker decodes
+//!          the step token budget, slower while the worker decodes; its scale at the fit's
+//!          lower confidence bound (explore · σ below it), so unmeasured workers get tried
 //! α      = prefill_weight for a continuation (some eligible worker holds more than
 //!          affinity_threshold of the prompt), miss_prefill_weight for a miss
 //! τ      = tail_ms (0: no tail term)
@@ -77,6 +78,9 @@ pub struct TtftParams {
     pub decode_margin: f64,
     /// Weight of the share of a worker's memory other sessions' cache holds, for a miss.
     pub resident_weight: f64,
+    /// `k` of the own prefill's optimistic scale
+    /// ([`crate::load::timing::PrefillModel::prefill_ms_optimistic`]).
+    pub explore: f64,
 }
 
 impl TtftParams {
@@ -92,6 +96,7 @@ impl TtftParams {
             decode_weight: k.ttft_decode_weight,
             decode_margin: k.ttft_decode_margin,
             resident_weight: k.ttft_resident_weight,
+            explore: k.ttft_explore,
         }
     }
 }
@@ -187,7 +192,9 @@ pub fn terms(
             s
         }
     };
-    let own = a.prefill.prefill_ms_shaped(&shape, decode_load(wl));
+    let own = a
+        .prefill
+        .prefill_ms_optimistic(&shape, decode_load(wl), p.explore);
     let bs = req.block_size as u64;
     let new_blocks = new.div_ceil(bs);
     let mut t = Terms {

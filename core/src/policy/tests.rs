@@ -486,7 +486,10 @@ fn cache_partitions_never_match_each_other() {
 
 /// A snapshot of request counts `loads` (leaked: a test's few bytes).
 fn snap<'a>(loads: &[usize], eligible: &'a [usize], seq: u64) -> Snapshot<'a> {
-    snap_of(Vec::leak(WorkerLoad::of_requests(loads)), eligible)
+    Snapshot {
+        seq,
+        ..snap_of(Vec::leak(WorkerLoad::of_requests(loads)), eligible)
+    }
 }
 
 /// A snapshot of `workers` at time 0, decision 0.
@@ -963,7 +966,8 @@ fn b2_misses_never_go_to_the_smallest_tree() {
 }
 
 /// predicted_ttft, worked example on the prior curve (engine-model.md §4; defaults α 3 for
-/// a continuation, 1 for a miss, τ 1 s; nothing decoding, no KV report), two workers, an
+/// a continuation, 1 for a miss, τ 1 s; exploration off; nothing decoding, no KV report), two
+/// workers, an
 /// 8,704-token prompt. prefill(512) = 16.50 + 15.18 × 0.512 + 0.421 × 0.512² = 24.386,
 /// prefill(7,680) = 157.942, prefill(8,704) = 2 × 16.50 + 15.18 × 8.704 + 0.421 × (8.192² +
 /// 0.512²) = 193.523.
@@ -984,6 +988,8 @@ fn predicted_ttft_worked_example() {
         (p.prefill_weight, p.miss_prefill_weight, p.tail_ms),
         (3.0, 1.0, 1_000.0)
     );
+    // On the fitted curve itself (no exploration discount: both workers are unmeasured).
+    let p = TtftParams { explore: 0.0, ..p };
     let eligible = [0, 1];
     let pick = |held: usize, wait: f64| {
         let ov = prefix::Overlaps::from_index(
