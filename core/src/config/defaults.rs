@@ -33,10 +33,10 @@ pub const LOAD_POLL_MS: u64 = 0;
 ///
 /// | workload | policy | hit % (bound) | TTFT p99 ms | max/mean |
 /// |---|---|---|---|---|
-/// | Mooncake ×8 | predicted_ttft | 32.4 (37.4) | 1,737 | 1.09 |
+/// | Mooncake ×8 | predicted_ttft | 32.8 (37.4) | 1,732 | 1.19 |
 /// | | smg_cache_aware | 36.4 | 2,462 | 1.05 |
 /// | | dynamo_kv | 22.8 | 2,017 | 1.04 |
-/// | Mooncake ×1 | predicted_ttft | 35.0 | 1,542 | 1.04 |
+/// | Mooncake ×1 | predicted_ttft | 34.9 | 1,543 | 1.04 |
 /// | | smg_cache_aware | 36.5 | 1,691 | 1.03 |
 /// | | dynamo_kv | 29.9 | 1,586 | 1.04 |
 /// | WEKA, 12 conversations | predicted_ttft | 95.4 (95.5) | 3,856 | 1.58 |
@@ -147,12 +147,13 @@ pub const TTFT_DECODE_MARGIN: f64 = -1.0;
 /// (perf/runs/2026-12-03-predicted-ttft).
 pub const TTFT_RESIDENT_WEIGHT: f64 = 1.0;
 /// predicted_ttft: a worker's own prefill is predicted with its learned scale this many
-/// standard deviations of the fit below the estimate (the lower confidence bound: 0.5 below
-/// the prior before any sample, ~0.05 after a dozen). Without it a worker whose curve is
-/// still the prior is never tried while measured ones look slightly faster, and a 2× faster
-/// engine is never learned (test `two_fast_engines_are_learned_and_get_more_work`: engine 1
-/// served 0 of 800 requests). kvroute's choice; `0` turns it off.
-pub const TTFT_EXPLORE: f64 = 0.5;
+/// standard deviations of the fit below the estimate (its lower confidence bound: 0.1 below
+/// the prior before any sample). Without it a worker whose curve is still the prior is never
+/// tried while measured ones look slightly faster, and a 2× faster engine is never learned
+/// (test `two_fast_engines_are_learned_and_get_more_work`: engine 1 served 0 of 800
+/// requests). Mooncake ×8 (load reports every 1 s): 0 → 32.4 % / 1,737 ms; 0.1 → 32.8 /
+/// 1,732; 0.25 → 32.5 / 1,780; 0.5 → 32.4 / 1,881 (perf/runs/2026-12-03-predicted-ttft).
+pub const TTFT_EXPLORE: f64 = 0.1;
 /// Prompt chars per token, for text requests. Source: OpenAI's rule of thumb for English ("1
 /// token ≈ 4 characters", help.openai.com "What are tokens").
 pub const CHARS_PER_TOKEN: f64 = 4.0;
