@@ -1468,27 +1468,31 @@ mod calibration_tests {
         PromptBuilder::new(WordIds::from_vocab(vocab).unwrap(), 0)
     }
 
-    /// Requests far apart on one engine (each alone, nothing decoding): the learned curve
-    /// is the engine's own within 10 % at 1k / 8k / 32k new tokens.
-    #[test]
-    fn alone_requests_teach_the_true_curve() {
-        let mut s = 3u64;
-        let records: Vec<TraceRecord> = (0..150u64)
+    /// `n` unique prompts of 512 to 30,720 tokens (whole 512-token blocks, drawn from
+    /// `seed`), `gap_ms` apart, one output token each.
+    fn spaced_prompts(n: u64, gap_ms: u64, seed: u64) -> Vec<TraceRecord> {
+        let mut s = seed;
+        (0..n)
             .map(|i| {
                 s = s
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 let blocks = 1 + (s >> 33) % 60;
                 TraceRecord {
-                    timestamp_ms: i * 60_000,
+                    timestamp_ms: i * gap_ms,
                     input_length: (blocks * 512) as u32,
                     output_length: 1,
                     hash_ids: (0..blocks).map(|b| 1_000_000 * (i + 1) + b).collect(),
                 }
             })
-            .collect();
-        let cfg = SimConfig {
-            engines: 1,
+            .collect()
+    }
+
+    /// `predicted_ttft` on events over `engines` engines of 400,000 blocks, engine `i`
+    /// `engine_speedups[i]`× faster.
+    fn predicted_ttft_fleet(engines: usize, engine_speedups: Vec<f64>) -> SimConfig {
+        SimConfig {
+            engines,
             engine: EngineConfig {
                 num_gpu_blocks: 400_000,
                 ..EngineConfig::default()
@@ -1505,8 +1509,16 @@ mod calibration_tests {
             sync_delay_ms: None,
             spread_secs: DEFAULT_SPREAD_SECS,
             wire_events: false,
-            engine_speedups: Vec::new(),
-        };
+            engine_speedups,
+        }
+    }
+
+    /// Requests far apart on one engine (each alone, nothing decoding): the learned curve
+    /// is the engine's own within 10 % at 1k / 8k / 32k new tokens.
+    #[test]
+    fn alone_requests_teach_the_true_curve() {
+        let records = spaced_prompts(150, 60_000, 3);
+        let cfg = predicted_ttft_fleet(1, Vec::new());
         let rep = simulate(&Trace::mooncake(records), &prompts(), &cfg).unwrap();
         let c = rep.learned[0];
         let truth = [32.49, 169.14, 4.0 * 169.14];
@@ -1524,21 +1536,7 @@ mod calibration_tests {
     /// `predicted_ttft` sends each fast engine more requests than any slow one.
     #[test]
     fn two_fast_engines_are_learned_and_get_more_work() {
-        let mut s = 5u64;
-        let mut records: Vec<TraceRecord> = (0..200u64)
-            .map(|i| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let blocks = 1 + (s >> 33) % 60;
-                TraceRecord {
-                    timestamp_ms: i * 8_000,
-                    input_length: (blocks * 512) as u32,
-                    output_length: 1,
-                    hash_ids: (0..blocks).map(|b| 1_000_000 * (i + 1) + b).collect(),
-                }
-            })
-            .collect();
+        let mut records = spaced_prompts(200, 8_000, 5);
         let start = 200 * 8_000;
         records.extend((0..600u64).map(|i| TraceRecord {
             timestamp_ms: start + i * 25,
@@ -1546,26 +1544,7 @@ mod calibration_tests {
             output_length: 1,
             hash_ids: (0..8).map(|b| 1_000_000 * (1_000 + i) + b).collect(),
         }));
-        let cfg = SimConfig {
-            engines: 8,
-            engine: EngineConfig {
-                num_gpu_blocks: 400_000,
-                ..EngineConfig::default()
-            },
-            router: Config {
-                policy: PolicyKind::PredictedTtft,
-                ..Config::default()
-            },
-            routing: Routing::Events,
-            time_scale: 1.0,
-            seed: DEFAULT_SEED,
-            event_delay_ms: DEFAULT_EVENT_DELAY_MS,
-            replicas: 1,
-            sync_delay_ms: None,
-            spread_secs: DEFAULT_SPREAD_SECS,
-            wire_events: false,
-            engine_speedups: vec![2.0, 2.0],
-        };
+        let cfg = predicted_ttft_fleet(8, vec![2.0, 2.0]);
         let rep = simulate(&Trace::mooncake(records), &prompts(), &cfg).unwrap();
         let slow = [32.49, 169.14, 4.0 * 169.14];
         for (e, c) in rep.learned.iter().enumerate() {
