@@ -157,11 +157,15 @@ impl PrefillModel {
 
     /// [`PrefillModel::prefill_ms`] of a request of shape `s` (the same value, bit for bit).
     pub fn prefill_ms_shaped(&self, s: &Shape, u: f64) -> f64 {
+        self.prefill_ms_scaled(s, u, self.theta[0])
+    }
+
+    /// The curve at shape `s`, decode load `u`, with `scale` in place of the learned `s`.
+    fn prefill_ms_scaled(&self, s: &Shape, u: f64, scale: f64) -> f64 {
         if s.tokens == 0 {
             return 0.0;
         }
-        let x = [s.shape, s.steps * u.clamp(0.0, 1.0)];
-        (x[0] * self.theta[0] + x[1] * self.theta[1]).max(0.0)
+        (s.shape * scale + s.steps * u.clamp(0.0, 1.0) * self.theta[1]).max(0.0)
     }
 
     /// [`PrefillModel::prefill_ms_shaped`] with the scale at its lower confidence bound,
@@ -170,11 +174,8 @@ impl PrefillModel {
     /// worker it has not measured instead of ranking it at the prior forever (a 2× faster
     /// engine that never gets a request alone is never learned). `k` ≥ 0; 0 = the fit.
     pub fn prefill_ms_optimistic(&self, s: &Shape, u: f64, k: f64) -> f64 {
-        if s.tokens == 0 {
-            return 0.0;
-        }
         let scale = (self.theta[0] - k * self.p[0][0].max(0.0).sqrt()).max(1.0 / BOUND);
-        (s.shape * scale + s.steps * u.clamp(0.0, 1.0) * self.theta[1]).max(0.0)
+        self.prefill_ms_scaled(s, u, scale)
     }
 
     /// Learns from one request that waited behind no other prefill: it had `tokens` new
