@@ -462,6 +462,7 @@ fn route(
         eligible,
         seq,
         now_ms: now_ms as u64,
+        live: Some(workers),
     };
     let req = router.request(key);
     let d = router.decide_request(&snap, &req, rng);

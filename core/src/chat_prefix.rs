@@ -1073,12 +1073,12 @@ mod tests {
             let f16 = r16.request(&key);
             let f8 = r8.request(&key);
             assert_eq!(
-                f16.block_keys,
-                kvroute_index::keys::block_keys_in(key.namespace, ids, 16)
+                *f16.block_keys,
+                *kvroute_index::keys::block_keys_in(key.namespace, ids, 16)
             );
             assert_eq!(
-                f8.block_keys,
-                kvroute_index::keys::block_keys_in(key.namespace, ids, 8)
+                *f8.block_keys,
+                *kvroute_index::keys::block_keys_in(key.namespace, ids, 8)
             );
             msgs.push(m("assistant", format!("answer {turn}")));
             msgs.push(m("user", format!("question {turn}")));
@@ -1300,7 +1300,7 @@ mod tests {
                     let want_keys = key.input_ids.as_deref().map_or(Vec::new(), |ids| {
                         kvroute_index::keys::block_keys_in(key.namespace, ids, facts.block_size)
                     });
-                    prop_assert_eq!(&facts.block_keys, &want_keys);
+                    prop_assert_eq!(&*facts.block_keys, &want_keys[..]);
                 }
                 prop_assert_eq!(key, want);
                 // The same body again: a hit when in scope, unless its last message is an

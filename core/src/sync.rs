@@ -439,6 +439,7 @@ mod tests {
             eligible: &[0, 1],
             seq: 0,
             now_ms: 1,
+            live: None,
         };
         let o = router.overlaps(&snap, &router.request(key));
         (o.of(0), o.of(1))
@@ -485,6 +486,7 @@ mod tests {
             eligible: &[0, 1],
             seq: 0,
             now_ms: 20,
+            live: None,
         };
         let req = router.request(&key);
         let o = router.overlaps(&snap, &req);

@@ -112,6 +112,12 @@ impl Worker {
         Ok(())
     }
 
+    /// Blocks at the head of `keys` that a live request booked on this worker, other than an
+    /// earlier turn of that prompt, shares ([`ActiveLoad::shared_head`]).
+    pub fn shared_head(&self, keys: &Arc<[u64]>) -> usize {
+        self.active.shared_head(keys)
+    }
+
     /// Requests other router replicas reported sending here and not yet ending
     /// ([`Worker::book_peer`]).
     pub fn peer_requests(&self) -> usize {
@@ -618,7 +624,20 @@ impl FleetView {
             eligible: &self.eligible,
             seq,
             now_ms,
+            live: Some(self),
         }
+    }
+}
+
+impl crate::policy::LivePaths for FleetView {
+    fn shared_head(&self, w: usize, keys: &Arc<[u64]>) -> usize {
+        self.worker(w).map_or(0, |w| w.shared_head(keys))
+    }
+}
+
+impl crate::policy::LivePaths for Workers {
+    fn shared_head(&self, w: usize, keys: &Arc<[u64]>) -> usize {
+        self.get(w).map_or(0, |w| w.shared_head(keys))
     }
 }
 

@@ -96,16 +96,16 @@ pub const PREFIX_HASH_TOKENS: usize = 256;
 /// Bounded Loads" (SODA 2018), the c used in HAProxy's `hash-balance-factor 125`.
 pub const HASH_LOAD_FACTOR: f64 = 1.25;
 /// predicted_ttft weight α of a continuation's own prefill (1 = pure predicted TTFT; above 1
-/// a recomputed prefix pays for the capacity it takes from later requests). Measured with
+/// a recomputed history pays for the capacity it takes from later requests, and the tail term
+/// alone moves a conversation off a worker whose wait would put it in the tail). Measured with
 /// `kvroute simulate --sweep` on Mooncake ×8 (8 engines, 365,600 blocks, load reports every
-/// 1 s), before the tail term, (α, eviction weight) → hit %, TTFT p99 ms: (1, 0.5) 29.7,
-/// 19,776 (misses recomputed everywhere); (2, 0.5) 34.0, 1,792; (3, 1.5) 35.2, 1,911; (6, 1.5)
-/// 35.9, 2,109 (perf/runs/2026-12-01-policies). A stickier α reaches the anchors' hit rate
-/// (α 50 with [`TTFT_DECODE_MARGIN`] 0.25: 36.5 % / 1,886 ms at ×8, 36.8 / 1,624 at ×1) but
-/// piles seed doc 003's sessions, whose first turns are 80 % a shared system prompt, on one
-/// engine (coefficient of variation 1.73 against < 0.1; perf/runs/2026-12-03-predicted-ttft),
-/// so the default stays 3, the largest that passes that test.
-pub const TTFT_PREFILL_WEIGHT: f64 = 3.0;
+/// 1 s), α → hit %, TTFT p99 ms (decode margin 0.25): 3 → 33.6, 1,782; 50 → 36.3, 1,879; 200 →
+/// 36.5, 1,946 (SMG's preset 36.4, 2,462). α 50 is the least that reaches the anchors' hit
+/// rate; seed doc 003's herding test passes at every α since a continuation counts only the
+/// prompt beyond the head concurrent requests share (coefficient of variation 0.00 at 50;
+/// before that rule α 50 piled those sessions on one engine, 1.73;
+/// perf/runs/2026-12-03-shared-head).
+pub const TTFT_PREFILL_WEIGHT: f64 = 50.0;
 /// predicted_ttft weight α of a miss's own prefill: 1, pure predicted TTFT (a miss keeps no
 /// cache; it goes where it starts soonest).
 pub const TTFT_MISS_PREFILL_WEIGHT: f64 = 1.0;
@@ -133,12 +133,12 @@ pub const TTFT_NO_FIT_MS: f64 = 10_000.0;
 /// at α 3, 0.25 → 34.3 %, 1,883 ms; 1 → 31.2 %, 1,959 ms (the decode load spreads sessions off
 /// their prefix); 0.5 is the least that stops herding.
 pub const TTFT_DECODE_WEIGHT: f64 = 0.5;
-/// predicted_ttft: a worker's decode blocks up to (1 + this) × the eligible workers' mean are
-/// not charged; −1 charges every block (Dynamo's form), the default: at α 3 a margin of 0
-/// fails seed doc 003's herding test (coefficient of variation 0.63), while at α 50 a margin
-/// of 0.25 keeps 1.4 points of Mooncake ×8 hit rate that charging every block loses
-/// (perf/runs/2026-12-03-predicted-ttft).
-pub const TTFT_DECODE_MARGIN: f64 = -1.0;
+/// predicted_ttft: a continuation is not charged a worker's decode blocks up to (1 + this) ×
+/// the eligible workers' mean (a miss is charged every block, Dynamo's form); −1 charges every
+/// block always. At α 50, Mooncake ×8: −1 → 36.3 %, TTFT p99 2,045 ms; 0.25 → 36.3 %,
+/// 1,879 ms (perf/runs/2026-12-03-shared-head). Charging misses only above the margin too
+/// spread seed doc 003's first turns unevenly (coefficient of variation 0.58).
+pub const TTFT_DECODE_MARGIN: f64 = 0.25;
 /// predicted_ttft weight, for a miss, of the share of a worker's KV memory that other
 /// sessions' cache holds (cached blocks / capacity, both known only with events and engine
 /// reports): a new conversation placed there evicts their next turns. WEKA's 12

@@ -201,22 +201,27 @@ impl PartialEq for Path {
 
 impl Eq for Path {}
 
-/// Blocks `path` adds to (or, leaving, takes from) the distinct keys of `paths`, where it
-/// sits between its neighbours `p < path < q` (`path` itself not in `paths`): module doc,
-/// *Unique blocks*, where `lcp(p, q) = min(lcp(p, path), lcp(path, q))` in lexicographic
-/// order, so the change is `|path| − max(lcp(p, path), lcp(path, q))`.
-fn added_blocks(paths: &BTreeSet<Path>, path: &Path) -> u64 {
+/// Blocks `path` shares from the start with the path of `paths` that shares the most:
+/// `max(lcp(p, path), lcp(path, q))` over its neighbours `p < path < q` (`path` itself not
+/// in `paths`), since in lexicographic order no path further away shares more.
+fn shared_blocks(paths: &BTreeSet<Path>, path: &Path) -> usize {
     let before = paths.range(..path).next_back();
     let after = paths
         .range((Bound::Excluded(path), Bound::Unbounded))
         .next();
-    let shared = [before, after]
+    [before, after]
         .into_iter()
         .flatten()
         .map(|n| common_blocks(&n.keys, &path.keys))
         .max()
-        .unwrap_or(0);
-    (path.keys.len() - shared) as u64
+        .unwrap_or(0)
+}
+
+/// Blocks `path` adds to (or, leaving, takes from) the distinct keys of `paths`: module doc,
+/// *Unique blocks*, where `lcp(p, q) = min(lcp(p, path), lcp(path, q))` in lexicographic
+/// order, so the change is `|path| − ` [`shared_blocks`].
+fn added_blocks(paths: &BTreeSet<Path>, path: &Path) -> u64 {
+    (path.keys.len() - shared_blocks(paths, path)) as u64
 }
 
 #[derive(Debug)]
@@ -429,6 +434,45 @@ impl ActiveLoad {
         );
         self.published.store(&a);
         id
+    }
+
+    /// Blocks at the head of `keys` (a prompt's chained block keys,
+    /// [`Booking::block_keys`]) that at least two requests live here share with it: the
+    /// second longest run from the start over the live paths; 0 with fewer than two, or with
+    /// empty `keys`. A head that two concurrent requests besides this one share is a popular
+    /// prefix (a system prompt), while a run only one live request shares may be this
+    /// conversation's own earlier turn, still decoding
+    /// (`kvroute_core::policy::predicted_ttft`).
+    ///
+    /// In lexicographic order the paths sharing at least `l` blocks with `keys` are
+    /// contiguous around its place (`lcp(a, c) = min(lcp(a, b), lcp(b, c))` for `a < b <
+    /// c`), so the two longest runs are among the two paths on each side. One lock,
+    /// O(log requests × log blocks).
+    pub fn shared_head(&self, keys: &Arc<[u64]>) -> usize {
+        if keys.is_empty() {
+            return 0;
+        }
+        // After every live path with the same keys (ids are counted up from 0).
+        let probe = Path {
+            keys: Arc::clone(keys),
+            id: u64::MAX,
+        };
+        let a = self.lock();
+        let after = a
+            .paths
+            .range((Bound::Excluded(&probe), Bound::Unbounded))
+            .take(2);
+        let before = a.paths.range(..&probe).rev().take(2);
+        let (mut first, mut second) = (0, 0);
+        for n in after.chain(before) {
+            let l = common_blocks(&n.keys, keys);
+            if l > first {
+                (first, second) = (l, first);
+            } else if l > second {
+                second = l;
+            }
+        }
+        second
     }
 
     /// Step 2: booking `id`'s first token came at `now_ms`. A second call, or an unknown id,
@@ -657,6 +701,29 @@ mod tests {
         assert!(a.view(0.0).prefill.prefill_ms(8_192, STEP_TOKENS, 0.0) < 169.0);
     }
 
+    /// Worked example: a system prompt (blocks 1–4) that two live sessions share is a shared
+    /// head; one live earlier turn of the probe's own conversation is not.
+    #[test]
+    fn shared_head_needs_two_live_requests() {
+        let a = ActiveLoad::default();
+        let probe: Arc<[u64]> = chain(4, 7).into();
+        assert_eq!(a.shared_head(&probe), 0);
+        // The probe's own earlier turn: its first 6 blocks.
+        let turn = a.book(booking(96, 0, 1.0, &probe[..6]), 0.0, 0);
+        assert_eq!(a.shared_head(&probe), 0);
+        // Another session on the same system prompt (branch 4 shares blocks 0–3).
+        let other = a.book(booking(96, 0, 1.0, &chain(4, 6)[..4]), 0.0, 0);
+        let third = a.book(booking(96, 0, 1.0, &chain(2, 6)), 0.0, 0);
+        assert_eq!(a.shared_head(&probe), 4);
+        a.free(other);
+        // Left: the earlier turn (6 blocks) and branch 2 (2 blocks in common).
+        assert_eq!(a.shared_head(&probe), 2);
+        a.free(turn);
+        a.free(third);
+        assert_eq!(a.shared_head(&probe), 0);
+        assert_eq!(a.shared_head(&Arc::from([])), 0);
+    }
+
     /// Block keys of a prompt on branch `branch` of one trie, `len` blocks: the first
     /// `branch` blocks are the trunk every branch shares, the rest its own (chained as real
     /// keys are: equal at a position → equal before it).
@@ -697,6 +764,37 @@ mod tests {
                     live.iter().flat_map(|(_, k)| k.iter().copied()).collect();
                 prop_assert_eq!(a.view(0.0).decode_blocks, union.len() as u64);
                 prop_assert_eq!(a.check(), Ok(()));
+            }
+        }
+
+        /// `shared_head` is the second longest run any live prompt shares with the probe
+        /// from the start (brute force over every live prompt), after every book and free.
+        #[test]
+        fn shared_head_is_the_second_longest_live_run(
+            ops in prop::collection::vec((any::<bool>(), 0usize..6, 0usize..40, 0usize..16), 1..60),
+            probe in (0usize..6, 0usize..40),
+        ) {
+            let a = ActiveLoad::default();
+            let docs: Vec<Vec<u32>> = (0..6u32)
+                .map(|d| (0..40 * 4).map(|t| if t < 64 + d * 16 { t } else { d * 10_000 + t }).collect())
+                .collect();
+            let probe: Arc<[u64]> =
+                kvroute_index::keys::block_keys(&docs[probe.0][..probe.1 * 4], 4).into();
+            let mut live: Vec<(u64, Vec<u64>)> = Vec::new();
+            for (book, doc, blocks, pick) in ops {
+                if book || live.is_empty() {
+                    let keys = kvroute_index::keys::block_keys(&docs[doc][..blocks * 4], 4);
+                    live.push((a.book(booking(64, 0, 1.0, &keys), 0.0, 0), keys));
+                } else {
+                    let (id, _) = live.swap_remove(pick % live.len());
+                    a.free(id);
+                }
+                let mut runs: Vec<usize> = live
+                    .iter()
+                    .map(|(_, k)| k.iter().zip(probe.iter()).take_while(|(x, y)| x == y).count())
+                    .collect();
+                runs.sort_unstable_by(|x, y| y.cmp(x));
+                prop_assert_eq!(a.shared_head(&probe), runs.get(1).copied().unwrap_or(0));
             }
         }
 

@@ -209,6 +209,20 @@ pub struct Snapshot<'a> {
     pub seq: u64,
     /// Time on the router's time base ([`Router::now_ms`]), ms.
     pub now_ms: u64,
+    /// The workers' live requests, for the head of a prompt they share
+    /// ([`LivePaths`]); `None` reads as nothing shared.
+    pub live: Option<&'a dyn LivePaths>,
+}
+
+/// What the requests live on each worker share with a new prompt: read-only, answered under
+/// each worker's own short lock ([`crate::load::active::ActiveLoad::shared_head`]). A head
+/// that live requests share is a popular prefix (a system prompt) that every worker can
+/// cache for all of them, not one conversation's history ([`predicted_ttft`]).
+pub trait LivePaths: std::fmt::Debug + Sync {
+    /// Blocks at the head of `keys` (a prompt's chained block keys, [`Request::block_keys`])
+    /// that some request live on worker `w` shares and then leaves (a live prefix of `keys`
+    /// is an earlier turn of it, not a shared head); 0 for none, or for a worker not known.
+    fn shared_head(&self, w: usize, keys: &Arc<[u64]>) -> usize;
 }
 
 impl<'a> Snapshot<'a> {
@@ -276,8 +290,9 @@ pub struct Request<'a> {
     pub key: &'a RouteKey,
     /// Its token ids, if any (non-empty).
     pub ids: Option<&'a [u32]>,
-    /// Router block keys of `ids` at the event index's block size (the router's otherwise).
-    pub block_keys: Vec<u64>,
+    /// Router block keys of `ids` at the event index's block size (the router's otherwise);
+    /// empty without ids. Shared: a booking keeps this buffer, not a copy.
+    pub block_keys: Arc<[u64]>,
     /// Prompt length, tokens (text: chars / `chars_per_token`, rounded up).
     pub prompt_tokens: u64,
     /// Prompt length in chars, for a request without ids (text mode); 0 without text and for
@@ -565,9 +580,10 @@ impl Router {
                 let keys =
                     kvroute_index::keys::block_keys_after(key.namespace, ids, block_size, known);
                 memo.keep(key.namespace, block_size, &keys);
-                keys
+                // One copy, kept by the worker's path set (`shared_slice`: no 4K aliasing).
+                crate::copy::shared_slice(&keys)
             }
-            None => Vec::new(),
+            None => Arc::from([]),
         };
         Request {
             key,
@@ -893,8 +909,7 @@ impl Router {
             } else {
                 0
             },
-            // One copy, kept by the worker's path set (`shared_slice`: no 4K aliasing).
-            block_keys: crate::copy::shared_slice(&req.block_keys),
+            block_keys: Arc::clone(&req.block_keys),
         };
         if let Some(w) = snap.get(decision.worker) {
             let a = &w.active;
@@ -1212,6 +1227,7 @@ impl Router {
             eligible: &eligible,
             seq,
             now_ms: now,
+            live: None,
         };
         let d = self.decide(&snap, key, &mut rand::rng());
         self.record(key, &d, now);

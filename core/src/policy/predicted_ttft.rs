@@ -12,28 +12,32 @@
 //!          the step token budget, slower while the worker decodes; its scale at the fit's
 //!          lower confidence bound (explore · σ below it), so unmeasured workers get tried
 //! α      = prefill_weight for a continuation (some eligible worker holds more than
-//!          affinity_threshold of the prompt), miss_prefill_weight for a miss
+//!          affinity_threshold of the prompt beyond the head that requests live on it
+//!          share: Context::of), miss_prefill_weight for a miss
 //! τ      = tail_ms (0: no tail term)
 //! evict_w = evict_weight · own_w · (blocks of other sessions' cache its new blocks evict
 //!          / its new blocks): the new blocks beyond the worker's never-used memory
 //!          (capacity − cached blocks), when both are known
 //! no_fit_w = no_fit_ms when its new blocks exceed the worker's free KV memory
 //!          (capacity × (1 − KV usage) − blocks dispatched since that report), when known
-//! decode_w = decode_weight · the worker's unique active blocks above (1 + decode_margin) ×
-//!          the eligible workers' mean · one block's prefill ms
+//! decode_w = decode_weight · the worker's unique active blocks above a floor · one block's
+//!          prefill ms; the floor is (1 + decode_margin) × the eligible workers' mean for a
+//!          continuation, 0 for a miss
 //! resident_w = misses only: resident_weight · own_w · cached blocks / capacity, when known
 //! ```
 //!
-//! Read as a rule: a continuation stays with the worker that holds its prefix (α = 3: a
-//! recomputed block costs three times its prefill) unless waiting there would put it in the
+//! Read as a rule: a continuation stays with the worker that holds its history (α = 50: a
+//! recomputed block costs fifty times its prefill) unless waiting there would put it in the
 //! tail — the quadratic term grows with the predicted TTFT itself, so a predicted TTFT of
-//! 100 ms costs 10 ms more and one of 2 s costs 4 s more; a miss (a new conversation, or one whose history was
-//! evicted everywhere) goes where it starts soonest (α = 1), away from workers whose memory
-//! other sessions hold (their next turns would be evicted). The threshold is SMG's
-//! `cache_threshold` idea (anchors.md §2.2, step 3): affinity only for a real share of the
-//! prompt, so a short head every conversation shares (Mooncake's first 512 tokens) does not
-//! make each new conversation a continuation of that head's holder.
-//!
+//! 100 ms costs 10 ms more and one of 2 s costs 4 s more; a miss (a new conversation, or one
+//! whose history was evicted everywhere) goes where it starts soonest (α = 1), away from
+//! workers whose memory other sessions hold (their next turns would be evicted) and whose
+//! decode batch is larger. The threshold is SMG's `cache_threshold` idea (anchors.md §2.2,
+//! step 3): affinity only for a real share of the prompt, so a short head every conversation
+//! shares (Mooncake's first 512 tokens) does not make each new conversation a continuation of
+//! that head's holder; and a long head that concurrent requests share (a system prompt) does
+//! not count either, so sessions that share it spread instead of piling on its first holder.
+
 //! The decode term is Dynamo's (anchors.md §3.1: a decode block weighs as a prefill block),
 //! in ms (optionally only above a margin over the fleet's mean): without it a stream of
 //! short prefills that each drain before the next arrives piles every session on the
@@ -111,7 +115,8 @@ pub fn decode_load(w: &WorkerLoad) -> f64 {
 /// may hold uncharged.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Context {
-    /// Some eligible worker holds more than `affinity_threshold` of the prompt.
+    /// Some eligible worker holds more than `affinity_threshold` of the prompt beyond the
+    /// head that requests live on it share ([`Context::of`]).
     pub continuation: bool,
     /// `(1 + decode_margin) ×` the eligible workers' mean unique active blocks.
     pub decode_floor: f64,
@@ -119,16 +124,41 @@ pub struct Context {
 
 impl Context {
     /// The context of `req` over `snap`'s eligible workers (one pass over them).
+    ///
+    /// A holder `w` of `o_w` prompt tokens makes `req` a continuation when
+    /// `o_w − s_w > threshold × (prompt − s_w)`, where `s_w` (at most `o_w`) is the head of
+    /// the prompt that some request live on `w` shares ([`super::LivePaths`]; 0 without
+    /// them): a popular prefix (a system prompt) that concurrent conversations share is
+    /// cheap to cache on another worker for all of them, while a conversation's own history
+    /// is not. So the first turns of sessions that share a long system prompt are misses
+    /// and spread (seed doc 003's herding experiment), and a later turn whose own history
+    /// follows that prompt stays. Only workers with `o_w > threshold × prompt` can qualify;
+    /// each is asked in turn until one does.
     pub fn of(p: &TtftParams, snap: &Snapshot<'_>, req: &Request<'_>, ov: &Overlaps) -> Self {
-        let (mut best, mut blocks) = (0u64, 0u64);
+        let prompt = req.prompt_tokens as f64;
+        let own_history = |w: usize, held: u64| {
+            let shared = snap.live.map_or(0, |l| {
+                (l.shared_head(w, &req.block_keys) * req.block_size) as u64
+            });
+            let shared = shared.min(held);
+            (held - shared) as f64 > p.affinity_threshold * (prompt - shared as f64)
+        };
+        let (mut continuation, mut blocks) = (false, 0u64);
         for &w in snap.eligible {
-            best = best.max(ov.tokens(w));
+            let held = ov.tokens(w);
+            if !continuation && held as f64 > p.affinity_threshold * prompt {
+                continuation = own_history(w, held);
+            }
             blocks += snap.load(w).active.decode_blocks;
         }
         let n = snap.eligible.len().max(1) as f64;
         Self {
-            continuation: best as f64 > p.affinity_threshold * req.prompt_tokens as f64,
-            decode_floor: (1.0 + p.decode_margin) * blocks as f64 / n,
+            continuation,
+            decode_floor: if continuation {
+                (1.0 + p.decode_margin) * blocks as f64 / n
+            } else {
+                0.0
+            },
         }
     }
 }

@@ -500,6 +500,7 @@ fn snap_of<'a>(workers: &'a [WorkerLoad], eligible: &'a [usize]) -> Snapshot<'a>
         eligible,
         seq: 0,
         now_ms: 0,
+        live: None,
     }
 }
 
@@ -610,7 +611,7 @@ fn request_of(key: &RouteKey, tokens: u64) -> Request<'_> {
     Request {
         key,
         ids: None,
-        block_keys: Vec::new(),
+        block_keys: Arc::from([]),
         prompt_tokens: tokens,
         chars: 0,
         block_size: 16,
@@ -641,6 +642,7 @@ fn costs_of(p: &KvParams, workers: &[WorkerLoad], tokens: u64, blocks: &[usize])
         eligible: &eligible,
         seq: 0,
         now_ms: 0,
+        live: None,
     };
     let key = RouteKey::default();
     kv_aware::costs(
@@ -690,6 +692,7 @@ fn e2_dynamo_cost_of_three_workers() {
         eligible: &eligible,
         seq: 0,
         now_ms: 0,
+        live: None,
     };
     let key = RouteKey::default();
     let d = kv_aware::decide(
@@ -749,6 +752,7 @@ fn e9_expected_wait_with_since_poll_credit() {
             eligible: &eligible,
             seq: 0,
             now_ms: 0,
+            live: None,
         };
         (expected_wait_s(&s, 0, false), expected_wait_s(&s, 1, false))
     };
@@ -766,6 +770,7 @@ fn e9_expected_wait_with_since_poll_credit() {
         eligible: &eligible,
         seq: 0,
         now_ms: 0,
+        live: None,
     };
     assert_eq!(s.least_wait(&mut rand::rng()), 0);
 }
@@ -796,6 +801,7 @@ fn a_cold_index_is_the_least_loaded_never_worker_zero() {
                 eligible: &eligible,
                 seq: i,
                 now_ms: 0,
+                live: None,
             };
             let key = text_key(&format!("{i:08} a cold prompt"));
             seen[r.decide(&snap, &key, &mut rand::rng()).worker] += 1;
@@ -833,7 +839,7 @@ proptest! {
             r.record(&key, &Decision { worker: holder % n, reason: Reason::CacheMiss }, 0);
             r.flush();
             let before = r.index_sizes();
-            let snap = Snapshot { workers: &workers, ids: &[], eligible: &eligible, seq, now_ms: 0 };
+            let snap = Snapshot { workers: &workers, ids: &[], eligible: &eligible, seq, now_ms: 0 , live: None};
             let d = r.decide(&snap, &key, &mut rand::rng());
             prop_assert!(eligible.contains(&d.worker), "{} chose {:?} of {:?}", kind, d, eligible);
             r.flush();
@@ -873,6 +879,7 @@ fn dispatch_concurrent(
             eligible: &view.eligible,
             seq: i,
             now_ms: 0,
+            live: None,
         };
         let d = r.decide(&snap, &key, &mut rng);
         let booking = r.booking(&snap, &key, &d);
@@ -954,6 +961,7 @@ fn b2_misses_never_go_to_the_smallest_tree() {
                 eligible: &eligible,
                 seq: i,
                 now_ms: 0,
+                live: None,
             };
             let d = r.decide(
                 &snap,
@@ -965,33 +973,45 @@ fn b2_misses_never_go_to_the_smallest_tree() {
     }
 }
 
-/// predicted_ttft, worked example on the prior curve (engine-model.md §4; defaults α 3 for
+/// predicted_ttft, worked example on the prior curve (engine-model.md §4; defaults α 50 for
 /// a continuation, 1 for a miss, τ 1 s; exploration off; nothing decoding, no KV report), two
-/// workers, an
-/// 8,704-token prompt. prefill(512) = 16.50 + 15.18 × 0.512 + 0.421 × 0.512² = 24.386,
-/// prefill(7,680) = 157.942, prefill(8,704) = 2 × 16.50 + 15.18 × 8.704 + 0.421 × (8.192² +
-/// 0.512²) = 193.523.
+/// workers, an 8,704-token prompt. prefill(512) = 16.50 + 15.18 × 0.512 + 0.421 × 0.512² =
+/// 24.386, prefill(7,680) = 157.942, prefill(8,704) = 2 × 16.50 + 15.18 × 8.704 + 0.421 ×
+/// (8.192² + 0.512²) = 193.523.
 ///
 /// Continuation (worker 0 holds 8,192 tokens: 94 % > 30 %): idle worker 1 costs
-/// 3 × 193.523 + 193.523² / 1000 = 618.02; worker 0 at wait W costs W + 3 × 24.386 +
-/// (W + 24.386)² / 1000: 478.38 at 300 ms (stays), 848.14 at 500 ms (moves).
+/// 50 × 193.523 + 193.523² / 1000 = 9,713.60; worker 0 at wait W costs W + 50 × 24.386 +
+/// (W + 24.386)² / 1000: 7,317.44 at 2,000 ms (stays), 13,366.21 at 3,000 ms (moves).
 ///
 /// Miss (worker 0 holds 1,024 tokens: 12 % ≤ 30 %, α 1): worker 1 costs 193.523 + 37.451 =
 /// 230.97; worker 0 costs W + 157.942 + (W + 157.942)² / 1000: 182.89 idle (stays), 251.18
 /// at 50 ms (moves).
+///
+/// Shared head (worker 0 holds 8,192 tokens, but live requests there share the first 8,000,
+/// 500 blocks: 192 ≤ 30 % of the 704 beyond them): a miss, so worker 0 costs W + 24.386 +
+/// (W + 24.386)² / 1000: 139.86 at 100 ms (stays), 274.74 at 200 ms (moves). With 6,400
+/// shared (1,792 > 30 % of 2,304) it is a continuation again.
 #[test]
 fn predicted_ttft_worked_example() {
+    /// Live requests on worker `.0` share `.1` blocks with any prompt.
+    #[derive(Debug)]
+    struct SharedOn(usize, usize);
+    impl LivePaths for SharedOn {
+        fn shared_head(&self, w: usize, _: &Arc<[u64]>) -> usize {
+            if w == self.0 { self.1 } else { 0 }
+        }
+    }
     let key = RouteKey::default();
     let req = request_of(&key, 8_704);
     let p = TtftParams::of(&Config::default().knobs);
     assert_eq!(
         (p.prefill_weight, p.miss_prefill_weight, p.tail_ms),
-        (3.0, 1.0, 1_000.0)
+        (50.0, 1.0, 1_000.0)
     );
     // On the fitted curve itself (no exploration discount: both workers are unmeasured).
     let p = TtftParams { explore: 0.0, ..p };
     let eligible = [0, 1];
-    let pick = |held: usize, wait: f64| {
+    let pick = |held: usize, wait: f64, shared_blocks: usize| {
         let ov = prefix::Overlaps::from_index(
             prefix::Source::Events,
             prefix::Unit::Tokens,
@@ -1005,7 +1025,11 @@ fn predicted_ttft_worked_example() {
         workers[0].active.prefill_requests = 1;
         workers[0].in_flight = 1;
         workers[0].requests = 1;
-        let snap = snap_of(&workers, &eligible);
+        let live = SharedOn(0, shared_blocks);
+        let snap = Snapshot {
+            live: Some(&live),
+            ..snap_of(&workers, &eligible)
+        };
         let ctx = predicted_ttft::Context::of(&p, &snap, &req, &ov);
         let cost = |w| {
             predicted_ttft::terms(&p, &ctx, &snap, &req, &ov, w, &std::cell::Cell::new(None))
@@ -1016,57 +1040,74 @@ fn predicted_ttft_worked_example() {
         (ctx.continuation, c0, c1, d.worker)
     };
     let close = |got: f64, want: f64| (got - want).abs() < 0.1;
-    for (wait, want0, want_worker) in [(300.0, 478.38, 0), (500.0, 848.14, 1)] {
-        let (continuation, c0, c1, w) = pick(8_192, wait);
+    for (wait, want0, want_worker) in [(2_000.0, 7_317.44, 0), (3_000.0, 13_366.21, 1)] {
+        let (continuation, c0, c1, w) = pick(8_192, wait, 0);
         assert!(continuation);
-        assert!(close(c0, want0) && close(c1, 618.02), "{wait}: {c0} {c1}");
+        assert!(close(c0, want0) && close(c1, 9_713.60), "{wait}: {c0} {c1}");
         assert_eq!(w, want_worker, "{wait}");
     }
     for (wait, want0, want_worker) in [(0.0, 182.89, 0), (50.0, 251.18, 1)] {
-        let (continuation, c0, c1, w) = pick(1_024, wait);
+        let (continuation, c0, c1, w) = pick(1_024, wait, 0);
         assert!(!continuation);
         assert!(close(c0, want0) && close(c1, 230.97), "{wait}: {c0} {c1}");
         assert_eq!(w, want_worker, "{wait}");
     }
+    for (wait, want0, want_worker) in [(100.0, 139.86, 0), (200.0, 274.74, 1)] {
+        let (continuation, c0, c1, w) = pick(8_192, wait, 500);
+        assert!(!continuation);
+        assert!(close(c0, want0) && close(c1, 230.97), "{wait}: {c0} {c1}");
+        assert_eq!(w, want_worker, "{wait}");
+    }
+    assert!(pick(8_192, 0.0, 400).0);
 }
 
 /// predicted_ttft's decode term: workers with 1,000 and 3,000 unique decode blocks (mean
-/// 2,000), one block's prefill on the prior curve 169.14 ms / 512 = 0.3303 ms. By default
-/// (margin −1: Dynamo's form, every block) 0.5 × 1,000 × 0.3303 = 165.17 and 495.52 ms; at
-/// margin 0.25 (floor 2,500) worker 0 pays nothing and worker 1 0.5 × 500 × 0.3303 = 82.59.
+/// 2,000), one block's prefill on the prior curve 169.14 ms / 512 = 0.3303 ms. A continuation
+/// (worker 0 holds half the prompt) at the default margin 0.25 (floor 2,500): worker 0 pays
+/// nothing and worker 1 0.5 × 500 × 0.3303 = 82.59 ms. A miss, or margin −1 (Dynamo's form),
+/// charges every block: 0.5 × 1,000 × 0.3303 = 165.17 and 495.52 ms.
 #[test]
 fn predicted_ttft_decode_term_with_and_without_a_margin() {
     let key = RouteKey::default();
     let req = request_of(&key, 1_024);
-    let ov = prefix::Overlaps::none(2, 1_024, prefix::Unit::Tokens, 1.0);
+    let held = |tokens| {
+        prefix::Overlaps::from_index(
+            prefix::Source::Events,
+            prefix::Unit::Tokens,
+            &[(0, tokens)],
+            2,
+            1_024,
+            1.0,
+        )
+    };
     let mut workers = vec![WorkerLoad::default(); 2];
     workers[0].active.decode_blocks = 1_000;
     workers[1].active.decode_blocks = 3_000;
     let eligible = [0, 1];
     let snap = snap_of(&workers, &eligible);
-    let decode = |p: &TtftParams| {
-        let ctx = predicted_ttft::Context::of(p, &snap, &req, &ov);
+    let decode = |p: &TtftParams, ov: &prefix::Overlaps| {
+        let ctx = predicted_ttft::Context::of(p, &snap, &req, ov);
         let t = |w| {
-            predicted_ttft::terms(p, &ctx, &snap, &req, &ov, w, &std::cell::Cell::new(None)).decode
+            predicted_ttft::terms(p, &ctx, &snap, &req, ov, w, &std::cell::Cell::new(None)).decode
         };
         (ctx.decode_floor, t(0), t(1))
     };
     let close = |got: f64, want: f64| (got - want).abs() < 0.01;
     let p = TtftParams::of(&Config::default().knobs);
-    let (floor, d0, d1) = decode(&p);
-    assert!(
-        floor == 0.0 && close(d0, 165.17) && close(d1, 495.52),
-        "{d0} {d1}"
-    );
-    let p = TtftParams {
-        decode_margin: 0.25,
-        ..p
-    };
-    let (floor, d0, d1) = decode(&p);
+    assert_eq!(p.decode_margin, 0.25);
+    let (floor, d0, d1) = decode(&p, &held(512));
     assert!(
         close(floor, 2_500.0) && d0 == 0.0 && close(d1, 82.59),
         "{d0} {d1}"
     );
+    let every_block =
+        |(floor, d0, d1): (f64, f64, f64)| floor == 0.0 && close(d0, 165.17) && close(d1, 495.52);
+    assert!(every_block(decode(&p, &held(0))), "a miss");
+    let dynamo = TtftParams {
+        decode_margin: -1.0,
+        ..p
+    };
+    assert!(every_block(decode(&dynamo, &held(512))), "margin -1");
 }
 
 /// A registry of `n` workers whose model lists are not known yet (each takes any model).
