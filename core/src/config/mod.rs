@@ -181,8 +181,9 @@ pub struct PolicyKnobs {
     /// predicted_ttft: weight of the worker's active decode blocks, each charged one block's
     /// prefill ms ([`defaults::TTFT_DECODE_WEIGHT`]); ≥ 0.
     pub ttft_decode_weight: f64,
-    /// predicted_ttft: decode blocks up to `(1 + margin) ×` the eligible workers' mean are
-    /// not charged; −1 charges every block ([`defaults::TTFT_DECODE_MARGIN`]); ≥ −1.
+    /// predicted_ttft: a continuation is not charged decode blocks up to `(1 + margin) ×` the
+    /// eligible workers' mean (a miss is charged every block); −1 charges every block always
+    /// ([`defaults::TTFT_DECODE_MARGIN`]); ≥ −1.
     pub ttft_decode_margin: f64,
     /// predicted_ttft: weight, for a miss, of the share of a worker's KV memory other
     /// sessions' cache holds ([`defaults::TTFT_RESIDENT_WEIGHT`]); ≥ 0.
