@@ -115,8 +115,9 @@ pub fn decode_load(w: &WorkerLoad) -> f64 {
 /// may hold uncharged.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Context {
-    /// Some eligible worker holds more than `affinity_threshold` of the prompt beyond the
-    /// head that requests live on it share ([`Context::of`]).
+    /// The eligible worker holding the most of the prompt holds more than
+    /// `affinity_threshold` of it beyond the head that two requests live there share
+    /// ([`Context::of`]).
     pub continuation: bool,
     /// `(1 + decode_margin) ×` the eligible workers' mean unique active blocks.
     pub decode_floor: f64,
@@ -125,32 +126,32 @@ pub struct Context {
 impl Context {
     /// The context of `req` over `snap`'s eligible workers (one pass over them).
     ///
-    /// A holder `w` of `o_w` prompt tokens makes `req` a continuation when
-    /// `o_w − s_w > threshold × (prompt − s_w)`, where `s_w` (at most `o_w`) is the head of
-    /// the prompt that some request live on `w` shares ([`super::LivePaths`]; 0 without
-    /// them): a popular prefix (a system prompt) that concurrent conversations share is
-    /// cheap to cache on another worker for all of them, while a conversation's own history
-    /// is not. So the first turns of sessions that share a long system prompt are misses
-    /// and spread (seed doc 003's herding experiment), and a later turn whose own history
-    /// follows that prompt stays. Only workers with `o_w > threshold × prompt` can qualify;
-    /// each is asked in turn until one does.
+    /// The eligible worker `w` holding the most of the prompt, `o_w` tokens (the first of
+    /// equals), makes `req` a continuation when `o_w − s_w > threshold × (prompt − s_w)`,
+    /// where `s_w` (at most `o_w`) is the head of the prompt that two requests live on `w`
+    /// share ([`super::LivePaths`]; 0 without them): a popular prefix (a system prompt) that
+    /// concurrent conversations share is cheap to cache on another worker for all of them,
+    /// while a conversation's own history is not. So the first turns of sessions that share
+    /// a long system prompt are misses and spread (seed doc 003's herding experiment), and a
+    /// later turn whose own history follows that prompt stays. `s_w` is asked of that one
+    /// worker only, and only when `o_w > threshold × prompt` (else no `s_w` can qualify it):
+    /// one lock per decision at most.
     pub fn of(p: &TtftParams, snap: &Snapshot<'_>, req: &Request<'_>, ov: &Overlaps) -> Self {
         let prompt = req.prompt_tokens as f64;
-        let own_history = |w: usize, held: u64| {
+        let (mut deepest, mut held, mut blocks) = (0, 0u64, 0u64);
+        for &w in snap.eligible {
+            if ov.tokens(w) > held {
+                (deepest, held) = (w, ov.tokens(w));
+            }
+            blocks += snap.load(w).active.decode_blocks;
+        }
+        let continuation = held as f64 > p.affinity_threshold * prompt && {
             let shared = snap.live.map_or(0, |l| {
-                (l.shared_head(w, &req.block_keys) * req.block_size) as u64
+                (l.shared_head(deepest, &req.block_keys) * req.block_size) as u64
             });
             let shared = shared.min(held);
             (held - shared) as f64 > p.affinity_threshold * (prompt - shared as f64)
         };
-        let (mut continuation, mut blocks) = (false, 0u64);
-        for &w in snap.eligible {
-            let held = ov.tokens(w);
-            if !continuation && held as f64 > p.affinity_threshold * prompt {
-                continuation = own_history(w, held);
-            }
-            blocks += snap.load(w).active.decode_blocks;
-        }
         let n = snap.eligible.len().max(1) as f64;
         Self {
             continuation,
