@@ -11,9 +11,11 @@
 //!          tokens there: prompt − its overlap on w (at least the last token), chunked under
 //!          the step token budget, slower while the worker decodes; its scale at the fit's
 //!          lower confidence bound (explore · σ below it), so unmeasured workers get tried
-//! α      = prefill_weight for a continuation (some eligible worker holds more than
-//!          affinity_threshold of the prompt beyond the head that requests live on it
-//!          share: Context::of), miss_prefill_weight for a miss
+//! α      = for a continuation (the worker holding most of the prompt holds more than
+//!          affinity_threshold of it beyond the head that requests live there share:
+//!          Context::of), miss_prefill_weight + (prefill_weight − miss_prefill_weight) × busy,
+//!          busy the share of eligible workers with a prefill booked and not yet past its
+//!          first token; miss_prefill_weight for a miss
 //! τ      = tail_ms (0: no tail term)
 //! evict_w = evict_weight · own_w · (blocks of other sessions' cache its new blocks evict
 //!          / its new blocks): the new blocks beyond the worker's never-used memory
@@ -26,10 +28,12 @@
 //! resident_w = misses only: resident_weight · own_w · cached blocks / capacity, when known
 //! ```
 //!
-//! Read as a rule: a continuation stays with the worker that holds its history (α = 50: a
-//! recomputed block costs fifty times its prefill) unless waiting there would put it in the
-//! tail — the quadratic term grows with the predicted TTFT itself, so a predicted TTFT of
-//! 100 ms costs 10 ms more and one of 2 s costs 4 s more; a miss (a new conversation, or one
+//! Read as a rule: a continuation stays with the worker that holds its history (α up to 50: a
+//! recomputed block costs fifty times its prefill while the whole fleet is prefilling, since
+//! every worker's queue then pays for it; on an idle fleet it costs its own time, α = 1)
+//! unless waiting there would put it in the tail — the quadratic term grows with the
+//! predicted TTFT itself, so a predicted TTFT of 100 ms costs 10 ms more and one of 2 s costs
+//! 4 s more; a miss (a new conversation, or one
 //! whose history was evicted everywhere) goes where it starts soonest (α = 1), away from
 //! workers whose memory other sessions hold (their next turns would be evicted) and whose
 //! decode batch is larger. The threshold is SMG's `cache_threshold` idea (anchors.md §2.2,
@@ -61,7 +65,8 @@ use std::cell::Cell;
 /// [`crate::config::defaults`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TtftParams {
-    /// α of a continuation, the weight of the request's own prefill.
+    /// α of a continuation while every eligible worker is prefilling, the weight of the
+    /// request's own prefill (scaled down towards `miss_prefill_weight` as fewer are).
     pub prefill_weight: f64,
     /// α of a miss.
     pub miss_prefill_weight: f64,
@@ -121,6 +126,9 @@ pub struct Context {
     pub continuation: bool,
     /// `(1 + decode_margin) ×` the eligible workers' mean unique active blocks.
     pub decode_floor: f64,
+    /// Share of the eligible workers, 0–1, with a prefill booked that has not had its first
+    /// token: how much of the fleet a recomputed history would make wait.
+    pub busy: f64,
 }
 
 impl Context {
@@ -138,12 +146,13 @@ impl Context {
     /// one lock per decision at most.
     pub fn of(p: &TtftParams, snap: &Snapshot<'_>, req: &Request<'_>, ov: &Overlaps) -> Self {
         let prompt = req.prompt_tokens as f64;
-        let (mut deepest, mut held, mut blocks) = (0, 0u64, 0u64);
+        let (mut deepest, mut held, mut blocks, mut busy) = (0, 0u64, 0u64, 0usize);
         for &w in snap.eligible {
             if ov.tokens(w) > held {
                 (deepest, held) = (w, ov.tokens(w));
             }
             blocks += snap.load(w).active.decode_blocks;
+            busy += usize::from(snap.load(w).active.prefill_requests > 0);
         }
         let continuation = held as f64 > p.affinity_threshold * prompt && {
             let shared = snap.live.map_or(0, |l| {
@@ -160,6 +169,7 @@ impl Context {
             } else {
                 0.0
             },
+            busy: busy as f64 / n,
         }
     }
 }
@@ -185,7 +195,7 @@ impl Terms {
     /// `cost_w` (module doc).
     pub fn cost(&self, p: &TtftParams, ctx: &Context) -> f64 {
         let alpha = if ctx.continuation {
-            p.prefill_weight
+            p.miss_prefill_weight + (p.prefill_weight - p.miss_prefill_weight) * ctx.busy
         } else {
             p.miss_prefill_weight
         };

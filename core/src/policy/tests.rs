@@ -974,14 +974,17 @@ fn b2_misses_never_go_to_the_smallest_tree() {
 }
 
 /// predicted_ttft, worked example on the prior curve (engine-model.md §4; defaults α 50 for
-/// a continuation, 1 for a miss, τ 1 s; exploration off; nothing decoding, no KV report), two
-/// workers, an 8,704-token prompt. prefill(512) = 16.50 + 15.18 × 0.512 + 0.421 × 0.512² =
+/// a continuation while every worker is prefilling, 1 for a miss, τ 1 s; exploration off;
+/// nothing decoding, no KV report), two workers, both with a prefill booked, an 8,704-token
+/// prompt. prefill(512) = 16.50 + 15.18 × 0.512 + 0.421 × 0.512² =
 /// 24.386, prefill(7,680) = 157.942, prefill(8,704) = 2 × 16.50 + 15.18 × 8.704 + 0.421 ×
 /// (8.192² + 0.512²) = 193.523.
 ///
 /// Continuation (worker 0 holds 8,192 tokens: 94 % > 30 %): idle worker 1 costs
 /// 50 × 193.523 + 193.523² / 1000 = 9,713.60; worker 0 at wait W costs W + 50 × 24.386 +
-/// (W + 24.386)² / 1000: 7,317.44 at 2,000 ms (stays), 13,366.21 at 3,000 ms (moves).
+/// (W + 24.386)² / 1000: 7,317.44 at 2,000 ms (stays), 13,366.21 at 3,000 ms (moves). With
+/// worker 1 idle (half the fleet prefilling) α is 1 + 49 × 0.5 = 25.5: worker 1 costs
+/// 4,972.29, worker 0 4,445.60 at 1,500 ms (stays) and 6,719.98 at 2,000 ms (moves).
 ///
 /// Miss (worker 0 holds 1,024 tokens: 12 % ≤ 30 %, α 1): worker 1 costs 193.523 + 37.451 =
 /// 230.97; worker 0 costs W + 157.942 + (W + 157.942)² / 1000: 182.89 idle (stays), 251.18
@@ -1011,7 +1014,7 @@ fn predicted_ttft_worked_example() {
     // On the fitted curve itself (no exploration discount: both workers are unmeasured).
     let p = TtftParams { explore: 0.0, ..p };
     let eligible = [0, 1];
-    let pick = |held: usize, wait: f64, shared_blocks: usize| {
+    let pick_on = |held: usize, wait: f64, shared_blocks: usize, other_busy: bool| {
         let ov = prefix::Overlaps::from_index(
             prefix::Source::Events,
             prefix::Unit::Tokens,
@@ -1025,6 +1028,11 @@ fn predicted_ttft_worked_example() {
         workers[0].active.prefill_requests = 1;
         workers[0].in_flight = 1;
         workers[0].requests = 1;
+        if other_busy {
+            workers[1].active.prefill_requests = 1;
+            workers[1].in_flight = 1;
+            workers[1].requests = 1;
+        }
         let live = SharedOn(0, shared_blocks);
         let snap = Snapshot {
             live: Some(&live),
@@ -1039,6 +1047,7 @@ fn predicted_ttft_worked_example() {
         let d = predicted_ttft::decide(&p, &snap, &req, &ov, &mut rand::rng());
         (ctx.continuation, c0, c1, d.worker)
     };
+    let pick = |held, wait, shared_blocks| pick_on(held, wait, shared_blocks, true);
     let close = |got: f64, want: f64| (got - want).abs() < 0.1;
     for (wait, want0, want_worker) in [(2_000.0, 7_317.44, 0), (3_000.0, 13_366.21, 1)] {
         let (continuation, c0, c1, w) = pick(8_192, wait, 0);
@@ -1059,6 +1068,12 @@ fn predicted_ttft_worked_example() {
         assert_eq!(w, want_worker, "{wait}");
     }
     assert!(pick(8_192, 0.0, 400).0);
+    for (wait, want0, want_worker) in [(1_500.0, 4_445.60, 0), (2_000.0, 6_719.98, 1)] {
+        let (continuation, c0, c1, w) = pick_on(8_192, wait, 0, false);
+        assert!(continuation);
+        assert!(close(c0, want0) && close(c1, 4_972.29), "{wait}: {c0} {c1}");
+        assert_eq!(w, want_worker, "{wait}");
+    }
 }
 
 /// predicted_ttft's decode term: workers with 1,000 and 3,000 unique decode blocks (mean
