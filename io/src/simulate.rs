@@ -218,12 +218,31 @@ pub fn setting_label(setting: &Setting) -> String {
         .join(" ")
 }
 
+/// Tells mimalloc never to return freed pages to the OS for the rest of this process.
+///
+/// A simulation frees and regrows the event index's tables and slabs, the engines' block maps
+/// and every request's prompt, thousands of times; with mimalloc's default purge delay
+/// (10 ms) the freed pages go back to the kernel and every regrowth faults them in again,
+/// zeroed: 13 % of a whole-trace run's time was kernel page zeroing
+/// (perf/runs/2026-12-03-sim-speed-2). A batch process of bounded size loses nothing by
+/// keeping them. `serve` keeps the default: a long-lived router should return memory.
+fn keep_freed_memory() {
+    /// `mi_option_purge_delay` in mimalloc's `mi_option_e` (15 in both v2 and v3, which
+    /// `libmimalloc-sys` 0.1.49 does not name); -1 means never purge.
+    const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+    // Safety: `mi_option_set` is not thread-safe; it runs first thing in `simulate`, before
+    // this process starts any thread, and only writes an option word that mimalloc reads
+    // when it decides whether to purge.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+}
+
 /// `kvroute simulate`: prints one comparison table per run (or, with `--runs` > 1, one line
 /// per run and a summary per policy), and with `--sweep` the best setting per policy.
 ///
 /// # Errors
 /// Unknown policy or knob, unreadable trace, invalid engine config, a stalled engine.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    keep_freed_memory();
     let started = Instant::now();
     let runs: Vec<(String, Run)> = sim::expand_runs(&args.policies)
         .iter()

@@ -899,15 +899,24 @@ impl EventIndex {
             state.stats.orphans += 1;
             return;
         }
-        let mut handles = Vec::with_capacity(n * k);
-        for &h in ev.block_hashes.iter().take(LOOKAHEAD) {
-            writer.prefetch(id, h);
-        }
-        for (i, &h) in ev.block_hashes.iter().enumerate() {
-            if let Some(&next) = ev.block_hashes.get(i + LOOKAHEAD) {
-                writer.prefetch(id, next);
+        // The engine hash is the last of its `k` handles (`sub_hash`), so handle `j` with
+        // `j % k == k − 1` reports whether the stream held engine block `j / k` before.
+        let handles: Vec<u64> = ev
+            .block_hashes
+            .iter()
+            .flat_map(|&h| (0..k).map(move |j| sub_hash(h, j, k)))
+            .collect();
+        // The namespace roots a chain that starts here; a child inherits its parent's.
+        let ns = match ev.parent_block_hash {
+            None => super::event_namespace(ev.lora_name.as_deref(), ev.cache_salt.as_deref()),
+            Some(_) => 0,
+        };
+        let seen = |j: usize, held: bool| {
+            if j % k != k - 1 {
+                return;
             }
-            if writer.holds(id, h) {
+            let h = ev.block_hashes[j / k];
+            if held {
                 // Already indexed (§8.3): the index holds one record, whose tier and touch
                 // change; a second GPU copy is counted (rule table: copies).
                 let on_gpu = state.tiers.get(&h).copied().unwrap_or(DEVICE) & DEVICE != 0;
@@ -927,16 +936,16 @@ impl EventIndex {
             if k > 1 {
                 state.recut.insert(h);
             }
-            handles.extend((0..k).map(|j| sub_hash(h, j, k)));
-        }
-        // The namespace roots a chain that starts here; a child inherits its parent's.
-        let ns = match ev.parent_block_hash {
-            None => super::event_namespace(ev.lora_name.as_deref(), ev.cache_salt.as_deref()),
-            Some(_) => 0,
         };
-        if let Err(e) =
-            writer.apply_stored(id, ns, ev.parent_block_hash, &handles, &ev.token_ids, now)
-        {
+        if let Err(e) = writer.apply_stored_reporting(
+            id,
+            ns,
+            ev.parent_block_hash,
+            &handles,
+            &ev.token_ids,
+            now,
+            seen,
+        ) {
             // Unreachable after the checks above; counted rather than trusted.
             tracing::warn!(worker = stream.worker, rank = stream.rank, "store: {e}");
             state.stats.orphans += 1;
@@ -965,6 +974,15 @@ impl EventIndex {
         }
         let writer = &mut self.writers[id as usize / SHARD_WORKERS];
         let k = state.ratio.max(1);
+        if k == 1 {
+            // Engine blocks are index blocks: decide from the removal's own probe.
+            writer
+                .apply_removed_if(id, &ev.block_hashes, |i, held| {
+                    leaves_index(state, tier, ev.block_hashes[i], held)
+                })
+                .expect("stream id is in its writer's shard");
+            return;
+        }
         let mut gone = Vec::new();
         for &h in ev.block_hashes.iter().take(LOOKAHEAD) {
             writer.prefetch(id, h);
@@ -973,41 +991,9 @@ impl EventIndex {
             if let Some(&next) = ev.block_hashes.get(i + LOOKAHEAD) {
                 writer.prefetch(id, next);
             }
-            if !writer.holds(id, h) {
-                state.stats.unknown_removals += 1;
-                continue;
-            }
-            if state.relearned.as_ref().is_some_and(|r| !r.contains(&h)) {
-                // Re-applied history of a block held before the relearn: already applied.
-                continue;
-            }
-            if tier == Tier::Device
-                && let Some(c) = state.copies.get_mut(&h)
-            {
-                *c -= 1;
-                if *c == 0 {
-                    state.copies.remove(&h);
-                }
-                state.stats.copies_kept += 1;
-                continue;
-            }
-            let mask = state.tiers.get(&h).copied().unwrap_or(DEVICE) & !tier.bit();
-            match mask {
-                0 => {
-                    state.tiers.remove(&h);
-                    state.recut.remove(&h);
-                    if let Some(r) = state.relearned.as_mut() {
-                        r.remove(&h);
-                    }
-                    // Deepest first, so the engine block never leaves a transient hole.
-                    gone.extend((0..k).rev().map(|j| sub_hash(h, j, k)));
-                }
-                DEVICE => {
-                    state.tiers.remove(&h);
-                }
-                m => {
-                    state.tiers.insert(h, m);
-                }
+            if leaves_index(state, tier, h, writer.holds(id, h)) {
+                // Deepest first, so the engine block never leaves a transient hole.
+                gone.extend((0..k).rev().map(|j| sub_hash(h, j, k)));
             }
         }
         if !gone.is_empty() {
@@ -1175,6 +1161,49 @@ fn add_tier(tiers: &mut HashMap<EngineHash, u8>, h: EngineHash, tier: Tier) {
 }
 
 /// Drops every block of the stream with dense id `id`.
+/// A `BlockRemoved` of engine block `h` in `tier` on a stream that holds it (`held`, from
+/// the index) or not: updates the stream's tiers and copies and counts (rule table:
+/// unknown removals, relearned history, copies, tiers), and returns whether the block now
+/// leaves the index.
+fn leaves_index(state: &mut StreamState, tier: Tier, h: EngineHash, held: bool) -> bool {
+    if !held {
+        state.stats.unknown_removals += 1;
+        return false;
+    }
+    if state.relearned.as_ref().is_some_and(|r| !r.contains(&h)) {
+        // Re-applied history of a block held before the relearn: already applied.
+        return false;
+    }
+    if tier == Tier::Device
+        && let Some(c) = state.copies.get_mut(&h)
+    {
+        *c -= 1;
+        if *c == 0 {
+            state.copies.remove(&h);
+        }
+        state.stats.copies_kept += 1;
+        return false;
+    }
+    match state.tiers.get(&h).copied().unwrap_or(DEVICE) & !tier.bit() {
+        0 => {
+            state.tiers.remove(&h);
+            state.recut.remove(&h);
+            if let Some(r) = state.relearned.as_mut() {
+                r.remove(&h);
+            }
+            true
+        }
+        DEVICE => {
+            state.tiers.remove(&h);
+            false
+        }
+        m => {
+            state.tiers.insert(h, m);
+            false
+        }
+    }
+}
+
 fn clear_stream(writer: &mut EventWriter, id: u32, state: &mut StreamState) {
     writer
         .apply_cleared(id)
