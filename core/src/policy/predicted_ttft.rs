@@ -20,8 +20,9 @@
 //! evict_w = evict_weight · own_w · (blocks of other sessions' cache its new blocks evict
 //!          / its new blocks): the new blocks beyond the worker's never-used memory
 //!          (capacity − cached blocks), when both are known
-//! no_fit_w = no_fit_ms when its new blocks exceed the worker's free KV memory
-//!          (capacity × (1 − KV usage) − blocks dispatched since that report), when known
+//! no_fit_w = no_fit_ms when its prompt's blocks, cached ones included (they run from the
+//!          same free pool), exceed the worker's free KV memory (capacity × (1 − KV usage)
+//!          − blocks dispatched since that report), when known
 //! decode_w = decode_weight · the worker's unique active blocks above a floor · one block's
 //!          prefill ms; the floor is (1 + decode_margin) × the eligible workers' mean for a
 //!          continuation, 0 for a miss
@@ -256,7 +257,7 @@ pub fn terms(
         }
         if let Some(u) = a.engine.and_then(|e| e.kv_usage) {
             let free = cap as f64 * (1.0 - u) - a.since_poll_tokens as f64 / bs as f64;
-            if new_blocks as f64 > free {
+            if req.prompt_tokens.div_ceil(bs) as f64 > free {
                 t.no_fit = p.no_fit_ms;
             }
         }

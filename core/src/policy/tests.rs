@@ -1125,6 +1125,51 @@ fn predicted_ttft_decode_term_with_and_without_a_margin() {
     assert!(every_block(decode(&dynamo, &held(512))), "margin -1");
 }
 
+/// predicted_ttft's memory-fit charge counts the whole prompt: a request runs with every
+/// block of its prompt in GPU memory, its cached blocks included (vLLM takes them from the
+/// same free pool its KV usage leaves), so an 8,704-token prompt (544 blocks of 16) with
+/// 8,192 tokens cached on worker 0 needs 544 free blocks there, not its 32 new ones. Worker 0
+/// has 1,000 blocks: at KV usage 0.6 (400 free) it is charged the 10 s no-fit cost; at 0.4
+/// (600 free) nothing. Charging only new blocks let two long conversations that together
+/// outgrow one worker's memory keep sharing it (WEKA seed 9: TTFT p99 9,093 ms against
+/// 3,709 once whole prompts count; perf/runs/2026-12-04-busy-alpha).
+#[test]
+fn predicted_ttft_a_hit_must_fit_whole() {
+    let key = RouteKey::default();
+    let req = request_of(&key, 8_704);
+    let ov = prefix::Overlaps::from_index(
+        prefix::Source::Events,
+        prefix::Unit::Tokens,
+        &[(0, 8_192)],
+        2,
+        8_704,
+        1.0,
+    );
+    let p = TtftParams::of(&Config::default().knobs);
+    assert_eq!(p.no_fit_ms, 10_000.0);
+    let eligible = [0, 1];
+    let no_fit = |usage: f64| {
+        let mut workers = vec![WorkerLoad::default(); 2];
+        for w in &mut workers {
+            w.active.engine = Some(crate::load::EngineReport {
+                kv_usage: Some(usage),
+                capacity_blocks: Some(1_000),
+                ..Default::default()
+            });
+        }
+        let snap = snap_of(&workers, &eligible);
+        let ctx = predicted_ttft::Context::of(&p, &snap, &req, &ov);
+        let t = |w| {
+            predicted_ttft::terms(&p, &ctx, &snap, &req, &ov, w, &std::cell::Cell::new(None)).no_fit
+        };
+        (t(0), t(1))
+    };
+    assert_eq!(no_fit(0.6), (10_000.0, 10_000.0));
+    assert_eq!(no_fit(0.4), (0.0, 0.0));
+    // 544 blocks against 1,000 × (1 − 0.5) = 500 free: the new blocks alone would fit.
+    assert_eq!(no_fit(0.5).0, 10_000.0);
+}
+
 /// A registry of `n` workers whose model lists are not known yet (each takes any model).
 fn fleet_of(n: usize) -> crate::workers::Workers {
     let urls: Vec<String> = (0..n).map(|i| format!("http://w{i}:80")).collect();
