@@ -28,18 +28,17 @@ pub const LOAD_POLL_MS: u64 = 0;
 /// Routing policy: `predicted_ttft`, kvroute's own (the lowest predicted time to first
 /// token), because it has the shortest TTFT tail of the policies at near the anchors' hit
 /// rates (issue 14). `kvroute simulate`, 8 engines, engine load reports every 1 s, on KV
-/// events (perf/runs/2026-12-03-predicted-ttft; the anchors' rows are unchanged from
-/// perf/runs/2026-12-01-policies):
+/// events (perf/runs/2026-12-04-busy-alpha, every policy's row there):
 ///
 /// | workload | policy | hit % (bound) | TTFT p99 ms | max/mean |
 /// |---|---|---|---|---|
-/// | Mooncake ×8 | predicted_ttft | 32.8 (37.4) | 1,732 | 1.19 |
+/// | Mooncake ×8 | predicted_ttft | 36.2 (37.4) | 1,772 | 1.15 |
 /// | | smg_cache_aware | 36.4 | 2,462 | 1.05 |
 /// | | dynamo_kv | 22.8 | 2,017 | 1.04 |
-/// | Mooncake ×1 | predicted_ttft | 34.9 | 1,543 | 1.04 |
+/// | Mooncake ×1 | predicted_ttft | 36.5 | 1,576 | 1.04 |
 /// | | smg_cache_aware | 36.5 | 1,691 | 1.03 |
 /// | | dynamo_kv | 29.9 | 1,586 | 1.04 |
-/// | WEKA, 12 conversations | predicted_ttft | 95.4 (95.5) | 3,856 | 1.58 |
+/// | WEKA, 12 conversations | predicted_ttft | 95.3 (95.5) | 3,856 | 1.73 |
 /// | | smg_cache_aware | 90.4 | 17,465 | 2.42 |
 /// | | dynamo_kv | 94.2 | 3,856 | 2.30 |
 ///
@@ -104,7 +103,14 @@ pub const HASH_LOAD_FACTOR: f64 = 1.25;
 /// rate; seed doc 003's herding test passes at every α since a continuation counts only the
 /// prompt beyond the head concurrent requests share (coefficient of variation 0.00 at 50;
 /// before that rule α 50 piled those sessions on one engine, 1.73;
-/// perf/runs/2026-12-03-shared-head).
+/// perf/runs/2026-12-03-shared-head). This is α while every eligible worker is prefilling;
+/// with a share `busy` of them prefilling it is `1 + 49 · busy` (`predicted_ttft::Context`):
+/// on an idle fleet a recomputed history delays no one but itself. α 50 always → scaled
+/// (perf/runs/2026-12-04-busy-alpha): built-in workload, 4 engines, 10 seeds: hit 68.3 →
+/// 70.8 %, TTFT p99 median 1,053 → 507 ms, worst 4,067 → 1,923 (dynamo_kv 54.1 %, 563 ms);
+/// Mooncake ×8: 36.4 → 36.2 %, 1,811 → 1,772 ms; ×1: 36.7 → 36.5 %, 1,621 → 1,576 ms; WEKA,
+/// 10 seeds: the three seeds whose p99 was 6.8–10.5 s (two long conversations sharing one
+/// worker's memory, which α 50 kept together) all at 3.7 s.
 pub const TTFT_PREFILL_WEIGHT: f64 = 50.0;
 /// predicted_ttft weight α of a miss's own prefill: 1, pure predicted TTFT (a miss keeps no
 /// cache; it goes where it starts soonest).
@@ -123,7 +129,8 @@ pub const TTFT_TAIL_MS: f64 = 1_000.0;
 /// term (Mooncake ×8, load reports every 1 s): 0 → 34.6 %, 1,920 ms and max/mean 1.60; 1.5 →
 /// 35.2 %, 1,911 ms, 1.29; 3 → 34.8 %, 2,007 ms (perf/runs/2026-12-01-policies).
 pub const TTFT_EVICT_WEIGHT: f64 = 1.5;
-/// predicted_ttft charge when a request does not fit in free KV memory, ms: 10 s, above any
+/// predicted_ttft charge when a request's whole prompt (its cached blocks included) does not
+/// fit in a worker's free KV memory, ms: 10 s, above any
 /// queue wait the trees' workloads produce, so a worker that would preempt is chosen last.
 /// kvroute's choice.
 pub const TTFT_NO_FIT_MS: f64 = 10_000.0;
