@@ -296,6 +296,10 @@ mod tests {
     /// that sample dropped the 8k-token prediction to ~1/20 of the prior's 169.14 ms; clipped
     /// (OUTLIER), it stays within 2× of it, and exact samples bring it back.
     #[test]
+    #[allow(
+        clippy::approx_constant,
+        reason = "0.318 is a measured decode load, not 1/π"
+    )]
     fn one_outlier_cannot_wreck_the_curve() {
         let mut m = PrefillModel::default();
         for (t, u, ttft) in [
