@@ -739,6 +739,29 @@ mod tests {
             .collect()
     }
 
+    /// Replays `ops` on `a`: `(book, doc, blocks, pick)` books the first `blocks` 4-token
+    /// blocks of `docs[doc]` (always when nothing is live) or frees live request
+    /// `pick % live`; after each op `check` sees the live requests (booking id, block keys).
+    fn replay(
+        a: &ActiveLoad,
+        docs: &[Vec<u32>],
+        ops: &[(bool, usize, usize, usize)],
+        mut check: impl FnMut(&[(u64, Vec<u64>)]) -> Result<(), TestCaseError>,
+    ) -> Result<(), TestCaseError> {
+        let mut live: Vec<(u64, Vec<u64>)> = Vec::new();
+        for &(book, doc, blocks, pick) in ops {
+            if book || live.is_empty() {
+                let keys = kvroute_index::keys::block_keys(&docs[doc][..blocks * 4], 4);
+                live.push((a.book(booking(64, 0, 1.0, &keys), 0.0, 0), keys));
+            } else {
+                let (id, _) = live.swap_remove(pick % live.len());
+                a.free(id);
+            }
+            check(&live)?;
+        }
+        Ok(())
+    }
+
     proptest! {
         /// The distinct blocks of live requests equal a brute-force set union after every
         /// book and free, for prompts of every length on a few branches (real block keys
@@ -751,20 +774,13 @@ mod tests {
             let docs: Vec<Vec<u32>> = (0..6u32)
                 .map(|d| (0..40 * 4).map(|t| if t < 64 { t } else { d * 10_000 + t }).collect())
                 .collect();
-            let mut live: Vec<(u64, Vec<u64>)> = Vec::new();
-            for (book, doc, blocks, pick) in ops {
-                if book || live.is_empty() {
-                    let keys = kvroute_index::keys::block_keys(&docs[doc][..blocks * 4], 4);
-                    live.push((a.book(booking(64, 0, 1.0, &keys), 0.0, 0), keys));
-                } else {
-                    let (id, _) = live.swap_remove(pick % live.len());
-                    a.free(id);
-                }
+            replay(&a, &docs, &ops, |live| {
                 let union: std::collections::HashSet<u64> =
                     live.iter().flat_map(|(_, k)| k.iter().copied()).collect();
                 prop_assert_eq!(a.view(0.0).decode_blocks, union.len() as u64);
                 prop_assert_eq!(a.check(), Ok(()));
-            }
+                Ok(())
+            })?;
         }
 
         /// `shared_head` is the second longest run any live prompt shares with the probe
@@ -780,22 +796,15 @@ mod tests {
                 .collect();
             let probe: Arc<[u64]> =
                 kvroute_index::keys::block_keys(&docs[probe.0][..probe.1 * 4], 4).into();
-            let mut live: Vec<(u64, Vec<u64>)> = Vec::new();
-            for (book, doc, blocks, pick) in ops {
-                if book || live.is_empty() {
-                    let keys = kvroute_index::keys::block_keys(&docs[doc][..blocks * 4], 4);
-                    live.push((a.book(booking(64, 0, 1.0, &keys), 0.0, 0), keys));
-                } else {
-                    let (id, _) = live.swap_remove(pick % live.len());
-                    a.free(id);
-                }
+            replay(&a, &docs, &ops, |live| {
                 let mut runs: Vec<usize> = live
                     .iter()
                     .map(|(_, k)| k.iter().zip(probe.iter()).take_while(|(x, y)| x == y).count())
                     .collect();
                 runs.sort_unstable_by(|x, y| y.cmp(x));
                 prop_assert_eq!(a.shared_head(&probe), runs.get(1).copied().unwrap_or(0));
-            }
+                Ok(())
+            })?;
         }
 
         /// Any order of books, first tokens and frees keeps the invariants; at the end
