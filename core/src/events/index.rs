@@ -1160,7 +1160,6 @@ fn add_tier(tiers: &mut HashMap<EngineHash, u8>, h: EngineHash, tier: Tier) {
     }
 }
 
-/// Drops every block of the stream with dense id `id`.
 /// A `BlockRemoved` of engine block `h` in `tier` on a stream that holds it (`held`, from
 /// the index) or not: updates the stream's tiers and copies and counts (rule table:
 /// unknown removals, relearned history, copies, tiers), and returns whether the block now
@@ -1204,6 +1203,7 @@ fn leaves_index(state: &mut StreamState, tier: Tier, h: EngineHash, held: bool) 
     }
 }
 
+/// Drops every block of the stream with dense id `id`.
 fn clear_stream(writer: &mut EventWriter, id: u32, state: &mut StreamState) {
     writer
         .apply_cleared(id)

@@ -67,8 +67,8 @@ pub const FORGETTING: f64 = 0.99;
 /// Measured on WEKA seed 9 (8 engines, capacity 1.25× the largest request): one alone
 /// request of 3,184 new tokens predicted at 162 ms took 19,816 ms (its engine's KV memory
 /// 99 % full); unclipped, that one sample dropped the worker's scale to ~1/20, every new
-/// conversation then looked fastest there and piled on (max/mean 2.81, TTFT p99 9,093 ms);
-/// perf/runs/2026-12-04-busy-alpha. 1: an error of ±100 %; a truly 2× faster or slower
+/// conversation then looked fastest there and piled on (requests per engine max/mean 2.81;
+/// 1.93 with the clip; perf/runs/2026-12-04-busy-alpha). 1: an error of ±100 %; a truly 2× faster or slower
 /// worker is still learned, at most one prediction's error per sample.
 pub const OUTLIER: f64 = 1.0;
 
