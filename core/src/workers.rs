@@ -118,6 +118,12 @@ impl Worker {
         self.active.shared_head(keys)
     }
 
+    /// Blocks at the head of `keys` that a live request booked on this worker holds
+    /// ([`ActiveLoad::live_head`]).
+    pub fn live_head(&self, keys: &Arc<[u64]>) -> usize {
+        self.active.live_head(keys)
+    }
+
     /// Requests other router replicas reported sending here and not yet ending
     /// ([`Worker::book_peer`]).
     pub fn peer_requests(&self) -> usize {
@@ -633,11 +639,17 @@ impl crate::policy::LivePaths for FleetView {
     fn shared_head(&self, w: usize, keys: &Arc<[u64]>) -> usize {
         self.worker(w).map_or(0, |w| w.shared_head(keys))
     }
+    fn live_head(&self, w: usize, keys: &Arc<[u64]>) -> usize {
+        self.worker(w).map_or(0, |w| w.live_head(keys))
+    }
 }
 
 impl crate::policy::LivePaths for Workers {
     fn shared_head(&self, w: usize, keys: &Arc<[u64]>) -> usize {
         self.get(w).map_or(0, |w| w.shared_head(keys))
+    }
+    fn live_head(&self, w: usize, keys: &Arc<[u64]>) -> usize {
+        self.get(w).map_or(0, |w| w.live_head(keys))
     }
 }
 

@@ -1517,9 +1517,9 @@ impl EventWriter {
                 }
                 computed += 1;
             }
-            let held;
-            (prev, held) = st.store(table, &g, gbit, eh, ring[i % RING], prev, now, unholey);
-            seen(i, held);
+            let was_held;
+            (prev, was_held) = st.store(table, &g, gbit, eh, ring[i % RING], prev, now, unholey);
+            seen(i, was_held);
         }
         self.held += st.held - held;
         table.end_batch(&g);
@@ -2182,7 +2182,20 @@ mod tests {
         })
         .unwrap();
         assert_eq!(asked, [(0, false), (1, false)]);
-        assert!(w[0].apply_removed_if(64, &[11], |_, _| true).is_err());
+        let mut calls = 0;
+        assert!(
+            w[0].apply_removed_if(64, &[11], |_, _| {
+                calls += 1;
+                true
+            })
+            .is_err()
+        );
+        let toks2 = tokens(2, 0, 1);
+        assert!(
+            w[0].apply_stored_reporting(0, 0, Some(999), &[41], &toks2, 0, |_, _| calls += 1)
+                .is_err()
+        );
+        assert_eq!(calls, 0, "no report on an error");
     }
 
     /// A namespace roots the chain of a sequence-start store; a child store inherits its

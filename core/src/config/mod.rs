@@ -160,8 +160,9 @@ pub struct PolicyKnobs {
     /// prefix_hash and consistent_hash: a worker above this × the mean load (+1) is passed
     /// over on the ring ([`defaults::HASH_LOAD_FACTOR`]); ≥ 1.
     pub hash_load_factor: f64,
-    /// predicted_ttft: weight α of a continuation's own prefill time against the wait
-    /// ([`defaults::TTFT_PREFILL_WEIGHT`]); ≥ 0.
+    /// predicted_ttft: weight α of a continuation's own prefill time against the wait while
+    /// every eligible worker is prefilling, scaled towards `ttft_miss_prefill_weight` as
+    /// fewer are ([`defaults::TTFT_PREFILL_WEIGHT`]); ≥ 0.
     pub ttft_prefill_weight: f64,
     /// predicted_ttft: weight α of a miss's own prefill time
     /// ([`defaults::TTFT_MISS_PREFILL_WEIGHT`]); ≥ 0.

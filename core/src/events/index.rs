@@ -801,7 +801,9 @@ impl EventIndex {
         }
     }
 
-    /// Applies one `BlockStored`.
+    /// Applies one `BlockStored`. Each block sees the index as the store reaches it, so a
+    /// hash listed twice in one event is a second physical copy the second time (rule table:
+    /// copies), as two events would be.
     pub fn stored(&mut self, stream: StreamId, ev: &BlockStored) {
         let rbs = self.block_size;
         let now = self.now_ms;
@@ -953,7 +955,8 @@ impl EventIndex {
     }
 
     /// Applies one `BlockRemoved`: drops its tier from each block; a block left in no tier
-    /// leaves the index.
+    /// leaves the index. A hash listed twice is removed twice, as in two events (the second
+    /// finds the block gone).
     pub fn removed(&mut self, stream: StreamId, ev: &BlockRemoved) {
         let (tier, _) = Tier::from_medium(ev.medium.as_deref());
         let state = state_of(&mut self.streams, &self.reader, &mut self.next_id, stream);

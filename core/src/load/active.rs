@@ -449,8 +449,21 @@ impl ActiveLoad {
     /// c`), so the two longest runs are among the two paths on each side. One lock,
     /// O(log requests × log blocks).
     pub fn shared_head(&self, keys: &Arc<[u64]>) -> usize {
+        self.live_runs(keys).1
+    }
+
+    /// Blocks at the head of `keys` that some request live here holds (the longest run from
+    /// the start over the live paths; 0 for none or empty `keys`): blocks in the worker's KV
+    /// memory now, counted in its KV usage. One lock, as [`ActiveLoad::shared_head`].
+    pub fn live_head(&self, keys: &Arc<[u64]>) -> usize {
+        self.live_runs(keys).0
+    }
+
+    /// The longest and second longest runs from the start that live paths share with
+    /// `keys` ([`ActiveLoad::shared_head`] explains the search).
+    fn live_runs(&self, keys: &Arc<[u64]>) -> (usize, usize) {
         if keys.is_empty() {
-            return 0;
+            return (0, 0);
         }
         // After every live path with the same keys (ids are counted up from 0).
         let probe = Path {
@@ -472,7 +485,7 @@ impl ActiveLoad {
                 second = l;
             }
         }
-        second
+        (first, second)
     }
 
     /// Step 2: booking `id`'s first token came at `now_ms`. A second call, or an unknown id,

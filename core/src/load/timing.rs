@@ -61,7 +61,7 @@ pub const BOUND: f64 = 20.0;
 /// throttled GPU) is re-learned within a few hundred requests. Dimensionless, in (0, 1].
 pub const FORGETTING: f64 = 0.99;
 
-/// A sample's error is clipped to this multiple of the predicted prefill, both ways
+/// A sample's error is clipped to this multiple of the predicted prefill (at least 1 ms)
 /// (Huber's robust regression, Haykin §10's RLS with a clipped residual), so one sample
 /// that waited on something the router does not see cannot wreck a worker's curve.
 /// Measured on WEKA seed 9 (8 engines, capacity 1.25× the largest request): one alone
@@ -209,8 +209,9 @@ impl PrefillModel {
         // Huber's clip: a sample further than the prediction itself from it (a TTFT more
         // than twice the predicted prefill: a preemption, a wait for KV memory the router
         // could not see) moves the fit as one at twice the prediction would.
-        let predicted = (x[0] * self.theta[0] + x[1] * self.theta[1]).max(1.0);
-        let err = (ttft_ms - predicted).clamp(-OUTLIER * predicted, OUTLIER * predicted);
+        let predicted = x[0] * self.theta[0] + x[1] * self.theta[1];
+        let width = OUTLIER * predicted.max(1.0);
+        let err = (ttft_ms - predicted).clamp(-width, width);
         self.theta[0] = (self.theta[0] + k[0] * err).clamp(1.0 / BOUND, BOUND);
         self.theta[1] = (self.theta[1] + k[1] * err).clamp(0.0, PRIOR[3] * BOUND);
         // P = (P − k·(P·x)ᵀ) / λ (P is symmetric, so xᵀ·P = (P·x)ᵀ).

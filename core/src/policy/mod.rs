@@ -223,6 +223,10 @@ pub trait LivePaths: std::fmt::Debug + Sync {
     /// that some request live on worker `w` shares and then leaves (a live prefix of `keys`
     /// is an earlier turn of it, not a shared head); 0 for none, or for a worker not known.
     fn shared_head(&self, w: usize, keys: &Arc<[u64]>) -> usize;
+    /// Blocks at the head of `keys` that some request live on worker `w` holds, its own
+    /// earlier turn included: in `w`'s KV memory now and counted in its KV usage; 0 for
+    /// none, or for a worker not known.
+    fn live_head(&self, w: usize, keys: &Arc<[u64]>) -> usize;
 }
 
 impl<'a> Snapshot<'a> {

@@ -21,8 +21,9 @@
 //!          / its new blocks): the new blocks beyond the worker's never-used memory
 //!          (capacity − cached blocks), when both are known
 //! no_fit_w = no_fit_ms when its prompt's blocks, cached ones included (they run from the
-//!          same free pool), exceed the worker's free KV memory (capacity × (1 − KV usage)
-//!          − blocks dispatched since that report), when known
+//!          same free pool) but for those live requests there hold (counted in the usage),
+//!          exceed the worker's free KV memory (capacity × (1 − KV usage) − blocks
+//!          dispatched since that report), when known
 //! decode_w = decode_weight · the worker's unique active blocks above a floor · one block's
 //!          prefill ms; the floor is (1 + decode_margin) × the eligible workers' mean for a
 //!          continuation, 0 for a miss
@@ -257,8 +258,14 @@ pub fn terms(
         }
         if let Some(u) = a.engine.and_then(|e| e.kv_usage) {
             let free = cap as f64 * (1.0 - u) - a.since_poll_tokens as f64 / bs as f64;
-            if req.prompt_tokens.div_ceil(bs) as f64 > free {
-                t.no_fit = p.no_fit_ms;
+            let need = req.prompt_tokens.div_ceil(bs);
+            // Cached blocks that live requests here hold are in the usage already (asked
+            // only when the prompt would not fit: one lock, rarely).
+            if need as f64 > free {
+                let live = snap.live.map_or(0, |l| l.live_head(w, &req.block_keys)) as u64;
+                if (need - live.min(cached / bs)) as f64 > free {
+                    t.no_fit = p.no_fit_ms;
+                }
             }
         }
     }

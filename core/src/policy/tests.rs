@@ -973,6 +973,18 @@ fn b2_misses_never_go_to_the_smallest_tree() {
     }
 }
 
+/// Live requests on worker `.0` share `.1` blocks with any prompt (and hold them).
+#[derive(Debug)]
+struct SharedOn(usize, usize);
+impl LivePaths for SharedOn {
+    fn shared_head(&self, w: usize, _: &Arc<[u64]>) -> usize {
+        if w == self.0 { self.1 } else { 0 }
+    }
+    fn live_head(&self, w: usize, keys: &Arc<[u64]>) -> usize {
+        self.shared_head(w, keys)
+    }
+}
+
 /// predicted_ttft, worked example on the prior curve (engine-model.md §4; defaults α 50 for
 /// a continuation while every worker is prefilling, 1 for a miss, τ 1 s; exploration off;
 /// nothing decoding, no KV report), two workers, both with a prefill booked, an 8,704-token
@@ -996,14 +1008,6 @@ fn b2_misses_never_go_to_the_smallest_tree() {
 /// shared (1,792 > 30 % of 2,304) it is a continuation again.
 #[test]
 fn predicted_ttft_worked_example() {
-    /// Live requests on worker `.0` share `.1` blocks with any prompt.
-    #[derive(Debug)]
-    struct SharedOn(usize, usize);
-    impl LivePaths for SharedOn {
-        fn shared_head(&self, w: usize, _: &Arc<[u64]>) -> usize {
-            if w == self.0 { self.1 } else { 0 }
-        }
-    }
     let key = RouteKey::default();
     let req = request_of(&key, 8_704);
     let p = TtftParams::of(&Config::default().knobs);
@@ -1132,7 +1136,10 @@ fn predicted_ttft_decode_term_with_and_without_a_margin() {
 /// has 1,000 blocks: at KV usage 0.6 (400 free) it is charged the 10 s no-fit cost; at 0.4
 /// (600 free) nothing. Charging only new blocks let two long conversations that together
 /// outgrow one worker's memory keep sharing it (WEKA seed 9: TTFT p99 9,093 ms against
-/// 3,709 once whole prompts count; perf/runs/2026-12-04-busy-alpha).
+/// 3,709 once whole prompts count; perf/runs/2026-12-04-busy-alpha). Cached blocks that
+/// live requests on the worker hold are in its usage already: with 480 of them live on
+/// worker 0 it needs 544 − 480 = 64 of 400 free blocks and pays nothing; worker 1, holding
+/// none of the prompt, still does.
 #[test]
 fn predicted_ttft_a_hit_must_fit_whole() {
     let key = RouteKey::default();
@@ -1148,7 +1155,7 @@ fn predicted_ttft_a_hit_must_fit_whole() {
     let p = TtftParams::of(&Config::default().knobs);
     assert_eq!(p.no_fit_ms, 10_000.0);
     let eligible = [0, 1];
-    let no_fit = |usage: f64| {
+    let no_fit_live = |usage: f64, live_blocks: usize| {
         let mut workers = vec![WorkerLoad::default(); 2];
         for w in &mut workers {
             w.active.engine = Some(crate::load::EngineReport {
@@ -1157,17 +1164,26 @@ fn predicted_ttft_a_hit_must_fit_whole() {
                 ..Default::default()
             });
         }
-        let snap = snap_of(&workers, &eligible);
+        let live = SharedOn(0, live_blocks);
+        let snap = Snapshot {
+            live: Some(&live),
+            ..snap_of(&workers, &eligible)
+        };
         let ctx = predicted_ttft::Context::of(&p, &snap, &req, &ov);
         let t = |w| {
             predicted_ttft::terms(&p, &ctx, &snap, &req, &ov, w, &std::cell::Cell::new(None)).no_fit
         };
         (t(0), t(1))
     };
+    let no_fit = |usage| no_fit_live(usage, 0);
     assert_eq!(no_fit(0.6), (10_000.0, 10_000.0));
     assert_eq!(no_fit(0.4), (0.0, 0.0));
     // 544 blocks against 1,000 × (1 − 0.5) = 500 free: the new blocks alone would fit.
     assert_eq!(no_fit(0.5).0, 10_000.0);
+    assert_eq!(no_fit_live(0.6, 480), (0.0, 10_000.0));
+    // Live blocks beyond the worker's overlap (512 cached blocks) do not count.
+    assert_eq!(no_fit_live(0.6, 1_000).0, 0.0);
+    assert_eq!(no_fit_live(0.97, 1_000).0, 10_000.0);
 }
 
 /// A registry of `n` workers whose model lists are not known yet (each takes any model).
