@@ -1756,19 +1756,6 @@ impl EventWriter {
                 .sum::<usize>()
     }
 
-    /// Starts loading the index position where [`Self::holds`] (or a store or removal) will
-    /// look `engine_hash` up for `worker` into the cache: a hint that changes nothing, for
-    /// callers that know the hashes of the next lookups (call it a few lookups ahead). A
-    /// no-op for a worker of another shard or holding nothing.
-    #[inline]
-    pub fn prefetch(&self, worker: TenantId, engine_hash: u64) {
-        if let Ok(b) = self.bit(worker)
-            && let Some(st) = &self.workers[b]
-        {
-            st.prefetch(engine_hash);
-        }
-    }
-
     /// True iff `worker` holds the block with engine hash `engine_hash` now (false for an
     /// unknown hash, a removed block kept as a ghost, or a worker of another shard).
     /// Lock-free, O(1).

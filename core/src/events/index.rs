@@ -36,6 +36,7 @@
 //! (one small map entry each), so the common GPU-only case costs nothing beyond the
 //! positional index.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -369,11 +370,6 @@ pub struct EventReader {
     /// Dense id → the same worker's previous dense id ([`NO_ID`]: none).
     prev: Arc<[AtomicU32]>,
 }
-
-/// Blocks of an event whose positional-index lookups are prefetched ahead of the one being
-/// checked ([`EventWriter::prefetch`]): each lookup of a large index is a cache miss, and
-/// prefetching lets several overlap.
-const LOOKAHEAD: usize = 8;
 
 /// No dense id (end of a worker's chain in [`EventReader`]).
 const NO_ID: u32 = u32::MAX;
@@ -977,33 +973,25 @@ impl EventIndex {
         }
         let writer = &mut self.writers[id as usize / SHARD_WORKERS];
         let k = state.ratio.max(1);
-        if k == 1 {
-            // Engine blocks are index blocks: decide from the removal's own probe.
-            writer
-                .apply_removed_if(id, &ev.block_hashes, |i, held| {
-                    leaves_index(state, tier, ev.block_hashes[i], held)
-                })
-                .expect("stream id is in its writer's shard");
-            return;
-        }
-        let mut gone = Vec::new();
-        for &h in ev.block_hashes.iter().take(LOOKAHEAD) {
-            writer.prefetch(id, h);
-        }
-        for (i, &h) in ev.block_hashes.iter().enumerate() {
-            if let Some(&next) = ev.block_hashes.get(i + LOOKAHEAD) {
-                writer.prefetch(id, next);
-            }
-            if leaves_index(state, tier, h, writer.holds(id, h)) {
-                // Deepest first, so the engine block never leaves a transient hole.
-                gone.extend((0..k).rev().map(|j| sub_hash(h, j, k)));
-            }
-        }
-        if !gone.is_empty() {
-            writer
-                .apply_removed(id, &gone)
-                .expect("stream id is in its writer's shard");
-        }
+        // Each engine block's `k` handles, deepest first so it never leaves a transient
+        // hole; the first is the engine hash itself (`sub_hash`), whose probe decides all k.
+        let handles: Cow<'_, [u64]> = if k == 1 {
+            Cow::Borrowed(&ev.block_hashes)
+        } else {
+            ev.block_hashes
+                .iter()
+                .flat_map(|&h| (0..k).rev().map(move |j| sub_hash(h, j, k)))
+                .collect()
+        };
+        let mut leaves = false;
+        writer
+            .apply_removed_if(id, &handles, |j, held| {
+                if j % k == 0 {
+                    leaves = leaves_index(state, tier, ev.block_hashes[j / k], held);
+                }
+                leaves
+            })
+            .expect("stream id is in its writer's shard");
     }
 
     /// Drops every block of `stream` (`AllBlocksCleared`, restart, unrecoverable gap). Its
