@@ -445,8 +445,14 @@ impl WorkerState {
     /// Slab index of held block `eh`.
     #[inline]
     fn held_idx(&self, eh: u64) -> Option<u32> {
+        self.find_held(eh).map(|(_, idx)| idx)
+    }
+
+    /// Index position and slab index of held block `eh`.
+    #[inline]
+    fn find_held(&self, eh: u64) -> Option<(usize, u32)> {
         match self.find(eh) {
-            Find::Hit { idx, .. } if self.slab[idx as usize].held() => Some(idx),
+            Find::Hit { pos, idx } if self.slab[idx as usize].held() => Some((pos, idx)),
             _ => None,
         }
     }
@@ -1560,12 +1566,31 @@ impl EventWriter {
         mut remove: impl FnMut(usize, bool) -> bool,
     ) -> Result<(), IndexError> {
         let b = self.bit(worker)?;
-        if self.workers[b].is_none() {
-            for i in 0..engine_hashes.len() {
-                remove(i, false);
+        // Blocks up to the first one to remove need no table: a `BlockRemoved` that removes
+        // nothing (a CPU-tier copy, a kept physical copy, an unknown hash) never takes the
+        // lock the other shards' writers share. Index positions (`Find::Hit::pos`) are the
+        // worker's own, so `catch_up` below leaves the first hit's `pos` valid.
+        let first = {
+            let st = self.workers[b].as_ref();
+            let mut first = None;
+            for (i, &eh) in engine_hashes.iter().enumerate() {
+                match st.and_then(|st| st.find_held(eh)) {
+                    Some((pos, idx)) => {
+                        if remove(i, true) {
+                            first = Some((i, pos, idx));
+                            break;
+                        }
+                    }
+                    None => {
+                        remove(i, false);
+                    }
+                }
             }
+            first
+        };
+        let Some((first, pos, idx)) = first else {
             return Ok(());
-        }
+        };
         let gbit = self.shard * SHARD_WORKERS + b;
         let side = Arc::clone(&self.table);
         let mut side = lock(&side);
@@ -1574,31 +1599,34 @@ impl EventWriter {
         let table = &mut side.table;
         let st = self.workers[b].as_mut().expect("checked");
         let held = st.held;
+        st.remove(table, &g, gbit, pos, idx);
+        let rest = &engine_hashes[first + 1..];
         // Two stages ahead of the removals: the index position of block `i + AHEAD`, then
         // (its position cached by then) the table row of block `i + NEAR`, which
         // `clear_bit` writes.
         const AHEAD: usize = 8;
         const NEAR: usize = 4;
-        for &eh in engine_hashes.iter().take(AHEAD) {
+        for &eh in rest.iter().take(AHEAD) {
             st.prefetch(eh);
         }
-        for &eh in engine_hashes.iter().take(NEAR) {
+        for &eh in rest.iter().take(NEAR) {
             st.prefetch_row(table, &g, eh);
         }
-        for (i, &eh) in engine_hashes.iter().enumerate() {
-            if let Some(&next) = engine_hashes.get(i + AHEAD) {
+        for (j, &eh) in rest.iter().enumerate() {
+            let i = first + 1 + j;
+            if let Some(&next) = rest.get(j + AHEAD) {
                 st.prefetch(next);
             }
-            if let Some(&near) = engine_hashes.get(i + NEAR) {
+            if let Some(&near) = rest.get(j + NEAR) {
                 st.prefetch_row(table, &g, near);
             }
-            match st.find(eh) {
-                Find::Hit { pos, idx } if st.slab[idx as usize].held() => {
+            match st.find_held(eh) {
+                Some((pos, idx)) => {
                     if remove(i, true) {
                         st.remove(table, &g, gbit, pos, idx);
                     }
                 }
-                _ => {
+                None => {
                     remove(i, false);
                 }
             }
@@ -2620,6 +2648,39 @@ mod tests {
         check(&w);
         let keys = block_keys(&tokens(3, 0, 64), BS);
         assert_eq!(ix.find_matches(&keys).0, r.find_matches(&keys));
+    }
+
+    /// A `BlockRemoved` that removes nothing (unknown hashes, blocks of a worker that holds
+    /// none, a copy the caller keeps) returns without the table lock every shard's writer
+    /// shares: it completes while the test holds that lock (before the fix, it waited).
+    #[test]
+    fn a_removal_that_removes_nothing_takes_no_lock() {
+        let (ix, mut w) = EventIndex::new(&cfg(1));
+        let mut r = ReferenceEventIndex::new();
+        store(&mut w, &mut r, 0, 1, 0, 4);
+        let table = Arc::clone(&w[0].table);
+        let held = lock(&table);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let w0 = &mut w[0];
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                w0.apply_removed(0, &[ehash(7, 0), ehash(7, 1)]).unwrap();
+                w0.apply_removed(1, &[ehash(1, 3)]).unwrap();
+                let mut asked = Vec::new();
+                w0.apply_removed_if(0, &[ehash(7, 0), ehash(1, 3)], |i, h| {
+                    asked.push((i, h));
+                    false
+                })
+                .unwrap();
+                tx.send(asked).unwrap();
+            });
+            let done = rx.recv_timeout(std::time::Duration::from_secs(5));
+            drop(held);
+            assert_eq!(done, Ok(vec![(0, false), (1, true)]));
+        });
+        check(&w);
+        assert_eq!(ix.entries(), 4);
+        assert_eq!(ix.find_matches(&block_keys(&tokens(1, 0, 4), BS)).blocks(0), 4);
     }
 
     /// Removing an interior block leaves a ghost: not held, not an entry, a hole for the

@@ -218,17 +218,27 @@ pub fn setting_label(setting: &Setting) -> String {
         .join(" ")
 }
 
-/// Tells mimalloc never to return freed pages to the OS for the rest of this process.
+/// Sets this process's memory up for a batch simulation: freed pages stay with mimalloc,
+/// and pages are the kernel's base 4 KiB pages, not transparent huge pages.
 ///
-/// A simulation frees and regrows the event index's tables and slabs, the engines' block maps
-/// and every request's prompt, thousands of times; with mimalloc's default purge delay
-/// (1 s in the v3 this build links) the freed pages go back to the kernel and regrowth
-/// faults them in again, zeroed. `MIMALLOC_SHOW_STATS=1` on the whole Mooncake trace at ×8
-/// (8 engines, default policy): 1.3 GiB purged for a peak of 1.1 GiB committed, 0 with
-/// this; kernel page zeroing had been 13 % of such a run (perf/runs/2026-12-03-sim-speed-2).
-/// A batch process of bounded size loses nothing by keeping them. `serve` keeps the
-/// default: a long-lived router should return memory. Overrides `MIMALLOC_PURGE_DELAY`.
-fn keep_freed_memory() {
+/// - **No purge.** A simulation frees and regrows the event index's tables and slabs, the
+///   engines' block maps and every request's prompt, thousands of times; with mimalloc's
+///   default purge delay (1 s in the v3 this build links) the freed pages go back to the
+///   kernel and regrowth faults them in again, zeroed. `MIMALLOC_SHOW_STATS=1` on the whole
+///   Mooncake trace at ×8 (8 engines, default policy): 1.3 GiB purged for a peak of 1.1 GiB
+///   committed, 0 with this; kernel page zeroing had been 13 % of such a run
+///   (perf/runs/2026-12-03-sim-speed-2). Overrides `MIMALLOC_PURGE_DELAY`.
+/// - **No THP** (`prctl(PR_SET_THP_DISABLE)`, which covers mappings mimalloc had already
+///   advised `MADV_HUGEPAGE` before `main`). A huge page is zeroed whole at its first touch,
+///   however little of it the simulation then uses: on the same run, 1,223 page faults
+///   zeroed ~2.4 GiB and `clear_page_erms` took 27.7 % of the samples; with base pages,
+///   290k faults zero 1.1 GiB and the run's `wall s` fell from 7.0–8.3 to 5.2
+///   (perf/runs/2026-12-04-sim-thp). Fails silently: THP then stays as the system has it.
+///
+/// A batch process of bounded size loses nothing by either. `serve` keeps the defaults: a
+/// long-lived router should return memory, and its index reads gain from huge pages' TLB
+/// reach.
+fn batch_memory() {
     /// `mi_option_purge_delay` in mimalloc's `mi_option_e` (15 in both v2 and v3, which
     /// `libmimalloc-sys` 0.1.49 does not name); -1 means never purge.
     const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
@@ -236,6 +246,9 @@ fn keep_freed_memory() {
     // this process starts any thread, and only writes an option word that mimalloc reads
     // when it decides whether to purge.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    // Safety: `prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)` takes integer arguments only and
+    // sets one flag of this process's memory map; an error (an old kernel) leaves it as is.
+    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
 }
 
 /// `kvroute simulate`: prints one comparison table per run (or, with `--runs` > 1, one line
@@ -244,7 +257,7 @@ fn keep_freed_memory() {
 /// # Errors
 /// Unknown policy or knob, unreadable trace, invalid engine config, a stalled engine.
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
-    keep_freed_memory();
+    batch_memory();
     let started = Instant::now();
     let runs: Vec<(String, Run)> = sim::expand_runs(&args.policies)
         .iter()
