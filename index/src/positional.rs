@@ -2680,7 +2680,10 @@ mod tests {
         });
         check(&w);
         assert_eq!(ix.entries(), 4);
-        assert_eq!(ix.find_matches(&block_keys(&tokens(1, 0, 4), BS)).blocks(0), 4);
+        assert_eq!(
+            ix.find_matches(&block_keys(&tokens(1, 0, 4), BS)).blocks(0),
+            4
+        );
     }
 
     /// Removing an interior block leaves a ghost: not held, not an entry, a hole for the
