@@ -232,12 +232,13 @@ pub fn setting_label(setting: &Setting) -> String {
 ///   advised `MADV_HUGEPAGE` before `main`). A huge page is zeroed whole at its first touch,
 ///   however little of it the simulation then uses: on the same run, 1,223 page faults
 ///   zeroed ~2.4 GiB and `clear_page_erms` took 27.7 % of the samples; with base pages,
-///   290k faults zero 1.1 GiB and the run's `wall s` fell from 7.0–8.3 to 5.2
-///   (perf/runs/2026-12-04-sim-thp). Fails silently: THP then stays as the system has it.
+///   290k faults zero 1.1 GiB and the run's median `wall s` fell from 6.71 to 5.25 (six
+///   interleaved rounds, perf/runs/2026-12-04-sim-thp). Fails silently: THP then stays as
+///   the system has it.
 ///
 /// A batch process of bounded size loses nothing by either. `serve` keeps the defaults: a
-/// long-lived router should return memory, and its index reads gain from huge pages' TLB
-/// reach.
+/// long-lived router should return memory, and it zeroes its pages once, at start-up, not
+/// once per run (whether huge pages help its index reads was not measured).
 fn batch_memory() {
     /// `mi_option_purge_delay` in mimalloc's `mi_option_e` (15 in both v2 and v3, which
     /// `libmimalloc-sys` 0.1.49 does not name); -1 means never purge.
