@@ -1009,7 +1009,7 @@ impl EventIndex {
             first.resize(nw, 0);
             depth.resize(depth.len().max(nw * 64), 0);
             let mut out = Out {
-                depth: &mut depth[..nw * 64],
+                depth: Some(&mut depth[..nw * 64]),
                 runs: None,
             };
             let o = if self.find_into(keys, s, &mut first, &mut out) {
@@ -1030,20 +1030,21 @@ impl EventIndex {
     /// [`Depths::runs`] list the holders deepest first, so a caller wanting the `k` deepest
     /// of thousands of holders visits O(runs), not O(holders) (issue 16: at 4,096 workers
     /// sharing a system prompt, every worker holds the first blocks). Allocates the answer:
-    /// ⌈workers / 64⌉ words, a u32 per worker slot, and a run per (depth, 64-worker word)
-    /// pair present.
+    /// ⌈workers / 64⌉ words and two copies of a run per (depth, 64-worker word) pair
+    /// present; no per-worker array.
     pub fn find_depths(&self, keys: &[u64]) -> Depths {
         let nw = self.table.words();
         let mut d = Depths {
             first: vec![0; nw],
-            depth: vec![0; nw * 64],
             runs: Vec::new(),
+            by_word: Vec::new(),
+            word_start: Vec::new(),
         };
         if keys.is_empty() {
             return d;
         }
         let mut out = Out {
-            depth: &mut d.depth,
+            depth: None,
             runs: Some(&mut d.runs),
         };
         let found = SCRATCH.with(|s| match s.try_borrow_mut() {
@@ -1064,6 +1065,15 @@ impl EventIndex {
             }
             same
         });
+        d.by_word = d.runs.clone();
+        d.by_word.sort_unstable_by_key(|&(_, w, _)| w);
+        d.word_start = vec![0; nw + 1];
+        for &(_, w, _) in &d.by_word {
+            d.word_start[w as usize + 1] += 1;
+        }
+        for w in 0..nw {
+            d.word_start[w + 1] += d.word_start[w];
+        }
         d
     }
 
@@ -1173,7 +1183,7 @@ struct Scratch {
 /// Where a query writes its depths: each worker's, and the runs of [`Depths::runs`] when
 /// asked for ([`EventIndex::find_depths`]).
 struct Out<'a> {
-    depth: &'a mut [u32],
+    depth: Option<&'a mut [u32]>,
     runs: Option<&'a mut Vec<(u32, u32, u64)>>,
 }
 
@@ -1182,7 +1192,9 @@ impl Out<'_> {
     #[inline]
     fn put(&mut self, w: usize, set: u64, d: u32) {
         if set != 0 {
-            set_depth(&mut self.depth[w * 64..], set, d);
+            if let Some(depth) = self.depth.as_mut() {
+                set_depth(&mut depth[w * 64..], set, d);
+            }
             if let Some(runs) = self.runs.as_mut() {
                 runs.push((d, w as u32, set));
             }
@@ -1204,28 +1216,36 @@ fn emit(first: &[u64], depth: &[u32]) -> Overlap {
     Overlap(out)
 }
 
-/// One query's overlaps ([`EventIndex::find_depths`]): each worker's depth, and the holders
-/// grouped into runs by depth, deepest first.
+/// One query's overlaps ([`EventIndex::find_depths`]): the holders grouped into runs by
+/// depth, deepest first, and the same runs by worker word for a lookup per worker.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Depths {
     /// Bit `w % 64` of word `w / 64`: worker `w` holds at least the first block.
     first: Vec<u64>,
-    /// Leading blocks held by each worker slot (0 outside `first`).
-    depth: Vec<u32>,
     /// `(blocks, word, workers)`: the workers `64·word + bit` for each bit of `workers` hold
     /// exactly `blocks` leading blocks. Sorted by blocks (descending), then word; one run per
     /// (blocks, word).
     runs: Vec<(u32, u32, u64)>,
+    /// `runs` sorted by word (the runs of one word have disjoint worker sets).
+    by_word: Vec<(u32, u32, u64)>,
+    /// The runs of word `w` are `by_word[word_start[w]..word_start[w + 1]]` (empty when no
+    /// worker holds the first block).
+    word_start: Vec<u32>,
 }
 
 impl Depths {
-    /// Leading blocks worker `w` holds (0 when it holds none or is out of range).
+    /// Leading blocks worker `w` holds (0 when it holds none or is out of range). O(the
+    /// runs of its 64-worker word).
     pub fn blocks(&self, w: TenantId) -> u32 {
-        let w = w as usize;
-        match self.first.get(w / 64) {
-            Some(&f) if f >> (w % 64) & 1 == 1 => self.depth[w],
-            _ => 0,
-        }
+        let (word, bit) = (w as usize / 64, 1u64 << (w % 64));
+        let (Some(&from), Some(&to)) = (self.word_start.get(word), self.word_start.get(word + 1))
+        else {
+            return 0;
+        };
+        self.by_word[from as usize..to as usize]
+            .iter()
+            .find(|r| r.2 & bit != 0)
+            .map_or(0, |r| r.0)
     }
 
     /// Workers holding at least the first block.
@@ -1239,9 +1259,17 @@ impl Depths {
         &self.runs
     }
 
-    /// The same overlaps as [`EventIndex::find_matches`] gives (O(holders)).
+    /// The same overlaps as [`EventIndex::find_matches`] gives (O(holders · log holders)).
     pub fn overlap(&self) -> Overlap {
-        emit(&self.first, &self.depth)
+        let mut out: Vec<(TenantId, u32)> = Vec::with_capacity(self.holders());
+        for &(d, word, mut set) in &self.by_word {
+            while set != 0 {
+                out.push((word * 64 + set.trailing_zeros(), d));
+                set &= set - 1;
+            }
+        }
+        out.sort_unstable();
+        Overlap(out)
     }
 }
 
@@ -2293,8 +2321,9 @@ mod tests {
             ix.find_depths(&[]),
             Depths {
                 first: vec![0; 2],
-                depth: vec![0; 128],
-                runs: vec![]
+                runs: vec![],
+                by_word: vec![],
+                word_start: vec![]
             }
         );
         let other = block_keys(&tokens(2, 0, 3), BS);
@@ -2544,6 +2573,9 @@ mod tests {
                         let d = ix.find_depths(&keys);
                         prop_assert_eq!(&d.overlap(), &found);
                         prop_assert_eq!(d.holders(), found.0.len());
+                        for wk in 0..130 {
+                            prop_assert_eq!(d.blocks(wk), found.blocks(wk));
+                        }
                         check_runs(&d, &found)?;
                     }
                     Op::Prune => {

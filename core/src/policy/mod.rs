@@ -793,8 +793,12 @@ impl Router {
     /// policies score a candidate set ([`candidates`]: the `candidate_holders` deepest
     /// holders in each index answer the policy may read, and `candidate_sample` random
     /// workers), so the snapshot and the policy cost O(candidates), not O(workers) (issue
-    /// 16). When fewer than a quarter of `candidate_sample` candidates are eligible (a model
-    /// few workers serve, a fleet mostly down) the decision falls back to the whole fleet.
+    /// 16). The approximate tree is not asked when the event index answers over the
+    /// threshold (`--cache-threshold`, [`OverlapRule::EventsThenTree`]): at 4,096 workers × 32k tokens that skipped ~8 µs of a
+    /// ~30 µs decide stage (`perf/runs/2026-12-05-fleet-decide`). When fewer than a quarter of
+    /// `candidate_sample` candidates are eligible (a model few workers serve, a fleet mostly
+    /// down), or when the event holders over the threshold are all ineligible, the decision
+    /// falls back to the whole fleet.
     pub fn decide_on(
         &self,
         fleet: &Workers,
@@ -829,21 +833,25 @@ impl Router {
         // The event index answers grouped by depth: only its deepest holders and the
         // candidates are mapped to workers, not every holder (a fleet-wide system prompt is
         // held by every worker).
-        let (holders, tree) = if reads_overlaps {
-            let holders = self.event_reader(req).map(|ev| ev.holders(&req.block_keys));
-            // The rule may fall back to the tree once eligibility is known: ask it now.
-            let tree = match (&holders, p.rule) {
-                (Some(_), OverlapRule::EventsOnly) => None,
-                _ => Some(self.tree_answer(req, now_ms)),
-            };
-            (holders, tree)
-        } else {
-            (None, None)
-        };
+        let holders = reads_overlaps
+            .then(|| self.event_reader(req).map(|ev| ev.holders(&req.block_keys)))
+            .flatten();
         let mut deepest = Vec::new();
         if let Some(h) = &holders {
             h.deepest(p.holders, rng, &mut deepest);
         }
+        // The tree is asked now, its deepest holders becoming candidates, unless the events
+        // answer is the one `pick` takes whatever the eligibility: always under `EventsOnly`,
+        // and under `EventsThenTree` when a deepest holder is over the threshold (if none of
+        // them turns out eligible, the whole fleet decides, below).
+        let events_suffice = holders.is_some()
+            && match p.rule {
+                OverlapRule::EventsOnly => true,
+                OverlapRule::EventsThenTree { threshold } => deepest
+                    .first()
+                    .is_some_and(|&(_, t)| t as f64 / req.prompt_tokens.max(1) as f64 > threshold),
+            };
+        let tree = (reads_overlaps && !events_suffice).then(|| self.tree_answer(req, now_ms));
         let answers: Vec<&[(TenantId, usize)]> = tree.iter().map(|a| a.found.as_slice()).collect();
         let ids = candidates::choose(
             deepest.iter().map(|&(w, _)| w as usize).collect(),
@@ -870,14 +878,22 @@ impl Router {
             Self::events_found(req, found)
         });
         let snap = view.snapshot(seq, now_ms);
+        let ov = if reads_overlaps {
+            let ov = self.pick(&snap, events.as_ref(), || {
+                tree.unwrap_or_else(|| self.tree_answer(req, now_ms))
+            });
+            if events_suffice && ov.source != Source::Events {
+                // The deep holders are all ineligible and the tree's were not candidates.
+                return whole(rng);
+            }
+            Some(ov)
+        } else {
+            None
+        };
         let d = self.select(
             &snap,
             req,
-            || {
-                self.pick(&snap, events.as_ref(), || {
-                    tree.unwrap_or_else(|| self.tree_answer(req, now_ms))
-                })
-            },
+            || ov.expect("read when the policy reads overlaps"),
             rng,
         );
         Some((view, d))

@@ -1263,15 +1263,28 @@ fn a_large_fleet_decides_on_candidates_and_keeps_affinity() {
 /// holding the whole of it, with its whole overlap: that worker is a candidate through the
 /// event index's grouped answer (the sample alone would find it 32 times in 1,024), and a
 /// vetoed holder is never chosen.
-#[test]
-fn a_large_fleet_on_events_finds_the_one_deep_holder_among_all_sharing_a_prefix() {
+/// Prompt `c` of [`large_event_fleet`]: the shared system prompt, then 128 tokens of its own.
+fn large_event_prompt(system_tokens: u32, c: u32) -> Vec<u32> {
+    (0..system_tokens)
+        .chain((0..128).map(|t| 1_000 + c * 1_000 + t))
+        .collect()
+}
+
+/// The one worker whose engine holds prompt `c` of [`large_event_fleet`] whole.
+fn large_event_holder(c: u32) -> usize {
+    (c as usize * 97 + 13) % LARGE
+}
+
+/// An event index over [`LARGE`] workers (blocks of 16 tokens): every worker holds a
+/// system prompt of `system_tokens` (a multiple of 16), and [`large_event_holder`]`(c)`
+/// holds the whole of [`large_event_prompt`]`(c)` for `c < 20`.
+fn large_event_fleet(system_tokens: u32) -> crate::events::EventIndex {
     use crate::events::{
         BlockStored, EventBatch, EventIndex, EventIndexSettings, KvEvent, StreamId,
     };
-    let n = LARGE;
     let mut ev = EventIndex::with_settings(&EventIndexSettings {
         block_size: 16,
-        max_streams: n,
+        max_streams: LARGE,
         ttl_ms: None,
         max_entries: None,
     });
@@ -1295,19 +1308,27 @@ fn a_large_fleet_on_events_finds_the_one_deep_holder_among_all_sharing_a_prefix(
         };
         ev.apply_batch(stream, &batch);
     };
-    let system: Vec<u32> = (0..64).collect();
-    for w in 0..n {
+    let system: Vec<u32> = (0..system_tokens).collect();
+    let system_blocks = u64::from(system_tokens / 16);
+    for w in 0..LARGE {
         store(w, None, 1, &system);
     }
-    let prompt = |c: u32| -> Vec<u32> {
-        let mut p = system.clone();
-        p.extend((0..128).map(|t| 1_000 + c * 1_000 + t));
-        p
-    };
-    let holder = |c: u32| (c as usize * 97 + 13) % n;
     for c in 0..20 {
-        store(holder(c), Some(4), 5, &prompt(c)[64..]);
+        store(
+            large_event_holder(c),
+            Some(system_blocks),
+            system_blocks + 1,
+            &large_event_prompt(system_tokens, c)[system_tokens as usize..],
+        );
     }
+    ev
+}
+
+#[test]
+fn a_large_fleet_on_events_finds_the_one_deep_holder_among_all_sharing_a_prefix() {
+    let ev = large_event_fleet(64);
+    let prompt = |c| large_event_prompt(64, c);
+    let holder = large_event_holder;
     let (mut r, workers, mut rng) = large_fleet(PolicyKind::PredictedTtft, 11);
     r.set_event_index(ev.reader());
     let most = MOST_CANDIDATES;
@@ -1341,6 +1362,42 @@ fn a_large_fleet_on_events_finds_the_one_deep_holder_among_all_sharing_a_prefix(
                 }
             ),
             "the system prompt is held everywhere: {:?}",
+            d.reason
+        );
+    }
+}
+
+/// On the event index over [`LARGE`] workers, the token tree is asked only when the events
+/// may not answer: with the one deep event holder vetoed and every other worker holding only
+/// a system prompt under the threshold (32 of 160 tokens), the worker the router sent the
+/// same prompt to (known to the tree, not yet to the events) takes it, though the tree was
+/// not asked for candidates up front.
+#[test]
+fn a_large_fleet_on_events_falls_back_to_the_tree_when_the_deep_holder_is_vetoed() {
+    let ev = large_event_fleet(32);
+    let (mut r, workers, mut rng) = large_fleet(PolicyKind::PredictedTtft, 13);
+    r.set_event_index(ev.reader());
+    for c in 0..20 {
+        let key = ids_key(large_event_prompt(32, c));
+        let req = r.request(&key);
+        let holder = large_event_holder(c);
+        let (_, d) = r.decide_on(&workers, &[], 0, 0, &req, &mut rng).unwrap();
+        assert_eq!(d.worker, holder, "conversation {c}: {:?}", d.reason);
+        // The router sent this prompt to another worker before; its engine has not said so.
+        let sent = (holder + LARGE / 2) % LARGE;
+        let to_sent = Decision {
+            worker: sent,
+            reason: d.reason,
+        };
+        r.record(&key, &to_sent, 0);
+        r.flush();
+        let (_, d) = r
+            .decide_on(&workers, &[holder], 0, 0, &req, &mut rng)
+            .unwrap();
+        assert_eq!(d.worker, sent, "conversation {c}: {:?}", d.reason);
+        assert!(
+            matches!(d.reason, Reason::Cost { matched_tokens, .. } if matched_tokens >= 128),
+            "{:?}",
             d.reason
         );
     }
