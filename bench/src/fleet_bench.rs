@@ -28,7 +28,9 @@
 //!   `kvroute bench decision`); each turn is one whole decision: body parse → chat template →
 //!   tokenize (incremental) → block keys → fleet snapshot → policy (`predicted_ttft`, on the
 //!   event index) → booking → record. Turns 2.. are timed into an hdrhistogram (p50, p99,
-//!   max); turn 1 (a cold tokenization of the whole document, ms at 32k) is reported apart.
+//!   max); turn 1 (a cold tokenization of the whole document, ms at 32k) is reported apart,
+//!   and so is the decision from token ids (`from_ids`: every stage after parse and
+//!   tokenize, as a router whose clients send token ids would run).
 //!   Each timed decision is followed by an untimed-in-the-whole call of the index lookup alone
 //!   (`Router::overlaps`), its own histogram.
 //!
@@ -425,6 +427,7 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         "decisions": d.whole.len(),
         "turn1": q(&d.turn1),
         "index_lookup": q(&d.lookup),
+        "from_ids": q(&d.from_ids),
         "stages_p50_ns": by_stage(&d.stages, 0.5),
         "stages_p99_ns": by_stage(&d.stages, 0.99),
         "mean_matched_workers": d.matched as f64 / d.whole.len().max(1) as f64,
@@ -447,11 +450,13 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         "elapsed_s": t0.elapsed().as_secs_f64(),
     });
     eprintln!(
-        "fleet {workers:>5} workers × {size:>6} tokens: decision p50 {:>8} ns p99 {:>8} ns max {:>9} ns ({} decisions; index lookup p50 {} p99 {} ns) | {:.1} B per (worker, block), {entries} entries | ingest offered {:.2} M/s, achieved {:.2} M/s{}, per core {:.2} M/s",
+        "fleet {workers:>5} workers × {size:>6} tokens: decision p50 {:>8} ns p99 {:>8} ns max {:>9} ns ({} decisions; from token ids p50 {} p99 {} ns; index lookup p50 {} p99 {} ns) | {:.1} B per (worker, block), {entries} entries | ingest offered {:.2} M/s, achieved {:.2} M/s{}, per core {:.2} M/s",
         report["decision_p50_ns"],
         report["decision_p99_ns"],
         report["decision_max_ns"],
         report["decisions"],
+        report["from_ids"]["p50_ns"],
+        report["from_ids"]["p99_ns"],
         report["index_lookup"]["p50_ns"],
         report["index_lookup"]["p99_ns"],
         bytes_per_pair,
@@ -472,6 +477,9 @@ struct Decisions {
     whole: Histogram<u64>,
     turn1: Histogram<u64>,
     lookup: Histogram<u64>,
+    /// The decision after the body is parsed and tokenized: facts (block keys), decide,
+    /// book, record.
+    from_ids: Histogram<u64>,
     stages: Vec<Histogram<u64>>,
     matched: usize,
     prompt_tokens: usize,
@@ -492,6 +500,7 @@ fn decide_loop(
         whole: histogram(),
         turn1: histogram(),
         lookup: histogram(),
+        from_ids: histogram(),
         stages: (0..5).map(|_| histogram()).collect(),
         matched: 0,
         prompt_tokens: 0,
@@ -515,6 +524,8 @@ fn decide_loop(
                 continue;
             }
             d.whole.record(timed.whole)?;
+            d.from_ids
+                .record(timed.stages[1..].iter().sum::<u64>().max(1))?;
             for (h, ns) in d.stages.iter_mut().zip(timed.stages) {
                 h.record(ns)?;
             }

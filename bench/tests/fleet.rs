@@ -37,6 +37,16 @@ fn short_fleet_reports_real_values() {
     );
     assert!(p50 > 0.0 && p50 <= p99 && p99 <= max, "{p50} {p99} {max}");
     assert!(report["decisions"].as_u64().unwrap() >= 9);
+    // The decision from token ids is the whole decision but its parse and tokenize: as many
+    // decisions, each shorter than its whole, so its p50 is at most the whole's (and its max
+    // at most the whole's max).
+    let ids = &report["from_ids"];
+    assert_eq!(ids["count"], report["decisions"]);
+    let (ids_p50, ids_max) = (
+        ids["p50_ns"].as_f64().unwrap(),
+        ids["max_ns"].as_f64().unwrap(),
+    );
+    assert!(ids_p50 > 0.0 && ids_p50 <= p50 && ids_max <= max, "{ids}");
     // Every decision matched the whole fleet on the shared system prompt and its group on
     // the document: the event index answered, with all 512 workers.
     assert!(
