@@ -794,11 +794,12 @@ impl Router {
     /// holders in each index answer the policy may read, and `candidate_sample` random
     /// workers), so the snapshot and the policy cost O(candidates), not O(workers) (issue
     /// 16). The approximate tree is not asked when the event index answers over the
-    /// threshold (`--cache-threshold`, [`OverlapRule::EventsThenTree`]): at 4,096 workers × 32k tokens that skipped ~8 µs of a
-    /// ~30 µs decide stage (`perf/runs/2026-12-05-fleet-decide`). When fewer than a quarter of
-    /// `candidate_sample` candidates are eligible (a model few workers serve, a fleet mostly
-    /// down), or when the event holders over the threshold are all ineligible, the decision
-    /// falls back to the whole fleet.
+    /// threshold (`--cache-threshold`, [`OverlapRule::EventsThenTree`]): at 4,096 workers ×
+    /// 32k tokens its walk over ~2,080 block keys was ~8 µs of a ~40 µs decide stage
+    /// (`perf/runs/2026-12-05-fleet-decide`). When fewer than a quarter of `candidate_sample`
+    /// candidates are eligible (a model few workers serve, a fleet mostly down), or when the
+    /// event holders over the threshold are all ineligible, the decision falls back to the
+    /// whole fleet.
     pub fn decide_on(
         &self,
         fleet: &Workers,

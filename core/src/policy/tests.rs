@@ -1258,11 +1258,6 @@ fn a_large_fleet_decides_on_candidates_and_keeps_affinity() {
     }
 }
 
-/// On the event index over 1,024 workers that all hold a fleet-wide system prompt (the first
-/// 4 blocks of every prompt), predicted_ttft sends each conversation to the one worker
-/// holding the whole of it, with its whole overlap: that worker is a candidate through the
-/// event index's grouped answer (the sample alone would find it 32 times in 1,024), and a
-/// vetoed holder is never chosen.
 /// Prompt `c` of [`large_event_fleet`]: the shared system prompt, then 128 tokens of its own.
 fn large_event_prompt(system_tokens: u32, c: u32) -> Vec<u32> {
     (0..system_tokens)
@@ -1324,6 +1319,11 @@ fn large_event_fleet(system_tokens: u32) -> crate::events::EventIndex {
     ev
 }
 
+/// On the event index over 1,024 workers that all hold a fleet-wide system prompt (the first
+/// 4 blocks of every prompt), predicted_ttft sends each conversation to the one worker
+/// holding the whole of it, with its whole overlap: that worker is a candidate through the
+/// event index's grouped answer (the sample alone would find it 32 times in 1,024), and a
+/// vetoed holder is never chosen.
 #[test]
 fn a_large_fleet_on_events_finds_the_one_deep_holder_among_all_sharing_a_prefix() {
     let ev = large_event_fleet(64);
