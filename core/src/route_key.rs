@@ -109,9 +109,10 @@ impl TokenSource {
 /// - [`CoreError::BodyNotObject`]: the value is not an object.
 /// - [`CoreError::MissingField`]: chat without `messages`, completions without `prompt`,
 ///   generate with neither `text` nor non-empty `input_ids` (null counts as absent).
-/// - [`CoreError::WrongType`]: `messages` not an array, a message not an object, a prompt /
-///   `text` / `input_ids` of the wrong shape, or a token id that is not an integer in
-///   0..=u32::MAX.
+/// - [`CoreError::WrongType`]: `model` neither a string nor null, `messages` not an array
+///   or empty (OpenAI's API rejects an empty one, and a chat template has nothing to render),
+///   a message not an object, a prompt / `text` / `input_ids` of the wrong shape, or a token
+///   id that is not an integer in 0..=u32::MAX.
 pub fn route_key(endpoint: Endpoint, body: &[u8]) -> Result<RouteKey, CoreError> {
     key_from_fields(endpoint, parse_fields(body)?)
 }
@@ -166,6 +167,12 @@ fn not_utf8(before: &[u8]) -> CoreError {
 /// # Errors
 /// [`CoreError::MissingField`], [`CoreError::WrongType`] as [`route_key`] documents.
 pub(crate) fn key_from_fields(endpoint: Endpoint, f: Fields<'_>) -> Result<RouteKey, CoreError> {
+    if f.model_wrong_type {
+        return Err(CoreError::WrongType {
+            field: "model",
+            expected: "a string",
+        });
+    }
     let model = f.model.map(Cow::into_owned).unwrap_or_default();
     let suffix = model.split_once(':').map(|(_, adapter)| adapter);
     let lora = [f.lora_path.as_deref(), f.lora_id.as_deref(), suffix]
@@ -193,6 +200,12 @@ pub(crate) fn key_from_fields(endpoint: Endpoint, f: Fields<'_>) -> Result<Route
                 return Err(CoreError::WrongType {
                     field: "messages[]",
                     expected: "an object",
+                });
+            }
+            Some(Messages::Empty) => {
+                return Err(CoreError::WrongType {
+                    field: "messages",
+                    expected: "a non-empty array",
                 });
             }
             Some(Messages::List(text, media)) => {
@@ -259,6 +272,8 @@ enum Top<'a> {
 #[derive(Default)]
 pub(crate) struct Fields<'a> {
     model: Option<Cow<'a, str>>,
+    /// `model` was there, neither a string nor null.
+    model_wrong_type: bool,
     stream: Option<bool>,
     /// `messages`, flattened (`crate::chat_prefix` sets it from the messages it parsed).
     pub(crate) messages: Option<Messages>,
@@ -275,6 +290,8 @@ pub(crate) struct Fields<'a> {
 /// `messages`, already flattened into routing text and media keys.
 pub(crate) enum Messages {
     List(String, Vec<u64>),
+    /// `[]`.
+    Empty,
     NotArray,
     EntryNotObject,
 }
@@ -356,6 +373,53 @@ impl<'de> Visitor<'de> for StrVisitor {
     }
 }
 deserialize_any_with!(Loose<Str<'de>>, StrVisitor);
+
+/// `model`: a string, `null` (as absent), or anything else (a wrong type the router names in
+/// its error, rather than calling the model missing).
+enum ModelField<'a> {
+    Str(Cow<'a, str>),
+    Null,
+    Other,
+}
+
+struct ModelVisitor;
+impl<'de> Visitor<'de> for ModelVisitor {
+    type Value = ModelField<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(ModelField::Str(Cow::Borrowed(v)))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(ModelField::Str(Cow::Owned(v.to_owned())))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(ModelField::Str(Cow::Owned(v)))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(ModelField::Null)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(ModelField::Other)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(ModelField::Other)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(ModelField::Other)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(ModelField::Other)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        skip_seq(seq).map(|()| ModelField::Other)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        skip_map(map).map(|()| ModelField::Other)
+    }
+}
+deserialize_any_with!(ModelField<'de>, ModelVisitor);
 
 struct BoolVisitor;
 impl<'de> Visitor<'de> for BoolVisitor {
@@ -473,7 +537,11 @@ impl<'de> Visitor<'de> for TopVisitor {
         let mut f = Fields::default();
         while let Some(k) = map.next_key::<Key>()? {
             match k {
-                Key::Model => f.model = map.next_value::<Loose<Str>>()?.0.map(|s| s.0),
+                Key::Model => match map.next_value::<ModelField>()? {
+                    ModelField::Str(m) => (f.model, f.model_wrong_type) = (Some(m), false),
+                    ModelField::Null => (f.model, f.model_wrong_type) = (None, false),
+                    ModelField::Other => (f.model, f.model_wrong_type) = (None, true),
+                },
                 Key::Stream => f.stream = map.next_value::<Loose<bool>>()?.0,
                 Key::Messages => f.messages = Some(map.next_value_seed(MessagesVisitor(self.0))?),
                 Key::Prompt => f.prompt = Some(map.next_value()?),
@@ -532,8 +600,10 @@ impl<'de> Visitor<'de> for MessagesVisitor {
         let mut text = String::new();
         let mut media = Vec::new();
         let mut all_objects = true;
+        let mut any = false;
         let cap = self.0;
         while let Some(m) = seq.next_element::<Message>()? {
+            any = true;
             match m {
                 Message::Object {
                     role,
@@ -555,10 +625,10 @@ impl<'de> Visitor<'de> for MessagesVisitor {
                 Message::NotObject => all_objects = false,
             }
         }
-        Ok(if all_objects {
-            Messages::List(text, media)
-        } else {
-            Messages::EntryNotObject
+        Ok(match (any, all_objects) {
+            (false, _) => Messages::Empty,
+            (true, true) => Messages::List(text, media),
+            (true, false) => Messages::EntryNotObject,
         })
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Messages, A::Error> {
@@ -1069,14 +1139,15 @@ mod tests {
     fn chat_escapes_nulls_and_odd_fields() {
         let k = key(
             Endpoint::ChatCompletions,
-            r#"{"model":7,"stream":"yes","messages":[{"role":"user","content":"a\"b\u00e9\ud83d\ude00"},
+            r#"{"model":null,"stream":"yes","messages":[{"role":"user","content":"a\"b\u00e9\ud83d\ude00"},
                {"role":null,"content":null},{"role":"tool","content":{"x":1}}]}"#,
         );
         assert_eq!(k.text, "<|user|>a\"bé😀<||><|tool|>");
         assert_eq!((k.model.as_str(), k.stream), ("", false));
+        // An empty message still has its role's markers: only no message at all is empty.
         assert_eq!(
-            key(Endpoint::ChatCompletions, r#"{"messages":[]}"#).text,
-            ""
+            key(Endpoint::ChatCompletions, r#"{"messages":[{}]}"#).text,
+            "<||>"
         );
     }
 
@@ -1180,6 +1251,27 @@ mod tests {
             }
         );
         assert_eq!(
+            err(ChatCompletions, r#"{"model":"m","messages":[]}"#),
+            WrongType {
+                field: "messages",
+                expected: "a non-empty array"
+            }
+        );
+        // A model of the wrong type is named as such, whatever the endpoint; null is absent.
+        let model = WrongType {
+            field: "model",
+            expected: "a string",
+        };
+        for bad in ["5", "true", "[\"m\"]", "{\"name\":\"m\"}"] {
+            let body = format!(r#"{{"model":{bad},"messages":[{{"role":"user"}}]}}"#);
+            assert_eq!(err(ChatCompletions, &body), model, "{bad}");
+        }
+        assert_eq!(err(Generate, r#"{"model":5,"text":"t"}"#), model);
+        assert_eq!(
+            key(ChatCompletions, r#"{"model":null,"messages":[{}]}"#).model,
+            ""
+        );
+        assert_eq!(
             err(Completions, r#"{"model":"m"}"#),
             MissingField { field: "prompt" }
         );
@@ -1234,10 +1326,10 @@ mod tests {
         use kvroute_tokenize::blocks::namespace_hash as ns;
         let c = |b: &str| key(Endpoint::ChatCompletions, b).namespace;
         let g = |b: &str| key(Endpoint::Generate, b).namespace;
-        assert_eq!(c(r#"{"messages":[]}"#), 0);
-        assert_eq!(c(r#"{"messages":[],"cache_salt":"","extra_key":""}"#), 0);
+        assert_eq!(c(r#"{"messages":[{}]}"#), 0);
+        assert_eq!(c(r#"{"messages":[{}],"cache_salt":"","extra_key":""}"#), 0);
         assert_eq!(
-            c(r#"{"messages":[],"cache_salt":"s1"}"#),
+            c(r#"{"messages":[{}],"cache_salt":"s1"}"#),
             ns(Some("s1"), None, None)
         );
         assert_eq!(
@@ -1259,13 +1351,13 @@ mod tests {
         );
         let suffix = key(
             Endpoint::ChatCompletions,
-            r#"{"model":"qwen3:sql","messages":[]}"#,
+            r#"{"model":"qwen3:sql","messages":[{}]}"#,
         );
         assert_eq!(
             (suffix.model.as_str(), suffix.namespace),
             ("qwen3:sql", ns(None, None, Some("sql")))
         );
-        assert_eq!(c(r#"{"model":"qwen3:","messages":[]}"#), 0);
+        assert_eq!(c(r#"{"model":"qwen3:","messages":[{}]}"#), 0);
         assert_eq!(g(r#"{"text":"t","lora_path":null,"cache_salt":5}"#), 0);
     }
 
@@ -1320,7 +1412,7 @@ mod tests {
         /// Any chat conversation round-trips: the key is the concatenation of role markers and
         /// contents, whatever the characters (escapes, emoji, quotes).
         #[test]
-        fn chat_key_is_concatenation(msgs in prop::collection::vec(("[a-z]{0,8}", "\\PC{0,20}"), 0..6)) {
+        fn chat_key_is_concatenation(msgs in prop::collection::vec(("[a-z]{0,8}", "\\PC{0,20}"), 1..6)) {
             let json: Vec<_> = msgs
                 .iter()
                 .map(|(r, c)| serde_json::json!({"role": r, "content": c}))

@@ -55,8 +55,8 @@ pub struct DemoArgs {
     pub quiet: bool,
     /// Replica sync for --replicas: `embedded` (start nats-server from PATH on a free
     /// loopback port for the demo) or a NATS server's nats://HOST:PORT; each run gets its
-    /// own subject prefix. The simulated comparison then models the same sync
-    /// ([`DEMO_SYNC_DELAY_MS`] delivery). [default: off]
+    /// own subject prefix. The simulated comparison then models the same sync, delivered
+    /// after loopback NATS's delay. [default: off]
     #[arg(long, value_name = "URL|embedded")]
     pub nats: Option<String>,
 }

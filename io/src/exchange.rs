@@ -561,6 +561,7 @@ async fn proxy(
     rec.model = key.model.clone();
     // OpenAI's endpoints name a model; SGLang's `/generate` has none (any worker serves it).
     if key.model.is_empty() && endpoint != Endpoint::Generate {
+        shared.metrics.on_bad_request("missing_field");
         rec.error = Some("bad_request");
         let err = ApiError::new(400, "you must provide a model parameter");
         return answer_error(sink, rec, &err, extra).await;

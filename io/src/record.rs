@@ -135,15 +135,18 @@ impl Drop for Record<'_> {
         if !tracing::enabled!(target: "kvroute::access", tracing::Level::INFO) {
             return;
         }
-        let worker = self.worker.map(|w| w.to_string()).unwrap_or_default();
+        // Fields without a value are left out (README, Logs): a request refused before its
+        // model was read, or before a worker was chosen, has none.
+        let model = (!self.model.is_empty()).then(|| tracing::field::display(&self.model));
+        let branch = (!self.branch.is_empty()).then_some(self.branch);
         tracing::info!(
             target: "kvroute::access",
             method = %self.method,
             path = %self.path,
             status = self.status,
-            model = %self.model,
-            worker = %worker,
-            branch = self.branch,
+            model,
+            worker = self.worker.map(tracing::field::display),
+            branch,
             predicted_cached = self.predicted_cached,
             served_cached = self.served_cached,
             ttft_ms = self.ttft.map(|t| t.as_secs_f64() * 1e3),

@@ -425,6 +425,47 @@ fn client_errors_431_413_400() {
     gw.shutdown();
 }
 
+/// Bodies the OpenAI API rejects are refused by the router itself, never forwarded, each
+/// with a message naming what is wrong and counted by reason: a model that is not a string,
+/// no model, an empty `messages`.
+#[test]
+fn invalid_chat_bodies_are_refused_named_and_counted() {
+    let eng = engine_with(0.0, 1);
+    let gw = gateway_for(vec![url_of(&eng)], PolicyKind::RoundRobin, |_| {});
+    let addr = gw.local_addr();
+    let cases = [
+        (
+            json!({"model": 5, "messages": [{"role": "user", "content": "hi"}]}),
+            "`model` must be a string",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+            "you must provide a model parameter",
+        ),
+        (
+            json!({"model": "qwen3-sim", "messages": []}),
+            "`messages` must be a non-empty array",
+        ),
+    ];
+    for (body, message) in &cases {
+        let r = post(addr, "/v1/chat/completions", body);
+        assert_eq!(r.status, 400, "{body}");
+        assert_eq!(r.header("x-kvroute-worker"), None, "not forwarded: {body}");
+        let v = error_of(&r);
+        let got = v["error"]["message"].as_str().unwrap();
+        assert!(got.contains(message), "{body}: {got}");
+    }
+    let metrics = get(addr, "/metrics").text();
+    for (reason, n) in [("wrong_type", 2.0), ("missing_field", 1.0)] {
+        let name = format!("kvroute_bad_requests_total{{reason=\"{reason}\"}}");
+        assert_eq!(metric(&metrics, &name), Some(n), "{metrics}");
+    }
+    // A good chat still goes through.
+    let r = post(addr, "/v1/chat/completions", &chat("hi", false, 2));
+    assert_eq!(r.status, 200, "{}", r.text());
+    gw.shutdown();
+}
+
 #[test]
 fn worker_errors_502_and_504() {
     // 502: nothing listens on the worker's port.
