@@ -920,3 +920,25 @@ fn models_list_and_unknown_model_404() {
     body["model"] = json!("m");
     assert_eq!(post(lax.addr, "/v1/completions", &body).0, 200);
 }
+
+/// Response ids are unique across engines and requests, in vLLM's shape (`chatcmpl-` or
+/// `cmpl-` and 32 hex digits): two engines' first requests no longer share `chatcmpl-0`.
+#[test]
+fn response_ids_are_unique_across_engines() {
+    let engines = [start(fast()), start(fast())];
+    let mut ids = std::collections::HashSet::new();
+    for e in &engines {
+        for path in ["/v1/chat/completions", "/v1/completions"] {
+            for _ in 0..2 {
+                let (status, v) = post(e.addr, path, &gen_body(path, 1, false));
+                assert_eq!(status, 200, "{v}");
+                let id = v["id"].as_str().unwrap().to_string();
+                let hex = id.rsplit('-').next().unwrap();
+                assert_eq!(hex.len(), 32, "{id}");
+                assert!(hex.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+                assert!(ids.insert(id.clone()), "repeated {id}");
+            }
+        }
+    }
+    assert_eq!(ids.len(), 8);
+}

@@ -885,9 +885,12 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::from_arg_matches(&matches)?;
     // `serve` may take its log format from its config file: it starts logging itself. The
     // other commands run gateways of their own (demo) whose per-request access lines would
-    // bury their report: they log those only when `RUST_LOG` asks.
-    if !matches!(cli.command, Command::Serve(_)) {
-        init_logging_with(Default::default(), "info,kvroute::access=warn");
+    // bury their report: they log those only when `RUST_LOG` asks. The demo starts and stops
+    // a fleet per run (~12 lines each at info, between its progress bars): warnings only.
+    match cli.command {
+        Command::Serve(_) => {}
+        Command::Demo(_) => init_logging_with(Default::default(), "warn"),
+        _ => init_logging_with(Default::default(), "info,kvroute::access=warn"),
     }
     match cli.command {
         Command::Serve(args) => serve(*args),

@@ -371,6 +371,7 @@ async fn serve_until(
         tokenizer,
         tx,
         next_id: AtomicU64::new(0),
+        id_nonce: rand::random(),
         control,
         started_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -459,6 +460,9 @@ struct Shared {
     chat_ids: std::sync::Mutex<IncrementalTokenizer>,
     tx: mpsc::UnboundedSender<Command>,
     next_id: AtomicU64,
+    /// Drawn at start: response ids are `nonce · request number` in 32 hex digits, unique
+    /// across engines and restarts as vLLM's random ones (`chatcmpl-{uuid}`) are.
+    id_nonce: u64,
     control: Arc<Control>,
     /// Unix time the server started, in s (`created` of `/v1/models`).
     started_unix: u64,
@@ -801,7 +805,7 @@ fn parse_gen_raw(
                 .as_u64()
                 .and_then(|n| u32::try_from(n).ok())
                 .map(Some)
-                .ok_or_else(|| format!("'{name}' must be a non-negative integer")),
+                .ok_or_else(|| format!("'{name}' must be an integer from 0 to {}", u32::MAX)),
         }
     };
     let (prompt, max_tokens, output) = match api {
@@ -1014,9 +1018,9 @@ async fn generate(
     let fmt = Formatter {
         api,
         id: match api {
-            Api::Chat => format!("chatcmpl-{req_id}"),
-            Api::Completion => format!("cmpl-{req_id}"),
-            Api::Sglang => format!("{req_id}"),
+            Api::Chat => format!("chatcmpl-{:016x}{req_id:016x}", shared.id_nonce),
+            Api::Completion => format!("cmpl-{:016x}{req_id:016x}", shared.id_nonce),
+            Api::Sglang => format!("{:016x}{req_id:016x}", shared.id_nonce),
         },
         created: SystemTime::now()
             .duration_since(UNIX_EPOCH)
