@@ -887,10 +887,17 @@ fn main() -> anyhow::Result<()> {
     // other commands run gateways of their own (demo) whose per-request access lines would
     // bury their report: they log those only when `RUST_LOG` asks. The demo starts and stops
     // a fleet per run (~12 lines each at info, between its progress bars): warnings only.
-    match cli.command {
-        Command::Serve(_) => {}
-        Command::Demo(_) => init_logging_with(Default::default(), "warn"),
-        _ => init_logging_with(Default::default(), "info,kvroute::access=warn"),
+    #[cfg(feature = "bench")]
+    let demo = matches!(cli.command, Command::Demo(_));
+    #[cfg(not(feature = "bench"))]
+    let demo = false;
+    if !matches!(cli.command, Command::Serve(_)) {
+        let default = if demo {
+            "warn"
+        } else {
+            "info,kvroute::access=warn"
+        };
+        init_logging_with(Default::default(), default);
     }
     match cli.command {
         Command::Serve(args) => serve(*args),
