@@ -374,53 +374,6 @@ impl<'de> Visitor<'de> for StrVisitor {
 }
 deserialize_any_with!(Loose<Str<'de>>, StrVisitor);
 
-/// `model`: a string, `null` (as absent), or anything else (a wrong type the router names in
-/// its error, rather than calling the model missing).
-enum ModelField<'a> {
-    Str(Cow<'a, str>),
-    Null,
-    Other,
-}
-
-struct ModelVisitor;
-impl<'de> Visitor<'de> for ModelVisitor {
-    type Value = ModelField<'de>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a string")
-    }
-    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(ModelField::Str(Cow::Borrowed(v)))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(ModelField::Str(Cow::Owned(v.to_owned())))
-    }
-    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-        Ok(ModelField::Str(Cow::Owned(v)))
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(ModelField::Null)
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(ModelField::Other)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(ModelField::Other)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(ModelField::Other)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(ModelField::Other)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        skip_seq(seq).map(|()| ModelField::Other)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        skip_map(map).map(|()| ModelField::Other)
-    }
-}
-deserialize_any_with!(ModelField<'de>, ModelVisitor);
-
 struct BoolVisitor;
 impl<'de> Visitor<'de> for BoolVisitor {
     type Value = Loose<bool>;
@@ -537,10 +490,13 @@ impl<'de> Visitor<'de> for TopVisitor {
         let mut f = Fields::default();
         while let Some(k) = map.next_key::<Key>()? {
             match k {
-                Key::Model => match map.next_value::<ModelField>()? {
-                    ModelField::Str(m) => (f.model, f.model_wrong_type) = (Some(m), false),
-                    ModelField::Null => (f.model, f.model_wrong_type) = (None, false),
-                    ModelField::Other => (f.model, f.model_wrong_type) = (None, true),
+                // `null` is absent; any other value that is not a string, a wrong type.
+                Key::Model => match map.next_value::<Option<Loose<Str>>>()? {
+                    Some(Loose(m)) => {
+                        f.model_wrong_type = m.is_none();
+                        f.model = m.map(|s| s.0);
+                    }
+                    None => (f.model, f.model_wrong_type) = (None, false),
                 },
                 Key::Stream => f.stream = map.next_value::<Loose<bool>>()?.0,
                 Key::Messages => f.messages = Some(map.next_value_seed(MessagesVisitor(self.0))?),
