@@ -402,15 +402,21 @@ impl BlockManager {
         }
         let free = available - self.inactive;
         if n > free {
+            // Two passes: the LRU walk first (each block's load is dependent on the one
+            // before), prefetching each evicted hash's map position, then the map removals,
+            // whose positions are independent and cached by then.
             let mut removed = Vec::with_capacity(n - free);
             for _ in free..n {
                 let s = self.head;
                 debug_assert!(s != NIL, "counted as available");
                 self.unlink(s);
                 let h = self.arena[s as usize].hash;
-                self.map.remove(h);
+                self.map.prefetch(h);
                 self.free.push(s);
                 removed.push(h);
+            }
+            for &h in &removed {
+                self.map.remove(h);
             }
             self.evicted_total += removed.len() as u64;
             events.push(BlockEvent::Removed { hashes: removed });
