@@ -358,11 +358,23 @@ fn bad_requests_get_openai_error_bodies() {
         &json!({"prompt": vec![7; 51]}).to_string(),
     );
     check("/generate", &json!({"input_ids": vec![7; 60]}).to_string());
-    // The engine still serves after errors.
+    // 40 + 11 > 50, in vLLM's words.
+    let (status, v) = post_json(
+        engine.addr,
+        "/v1/completions",
+        &json!({"prompt": vec![7; 40], "max_tokens": 11}),
+    );
+    assert_eq!(status, 400);
+    assert_eq!(
+        v["error"]["message"],
+        "'max_tokens' or 'max_completion_tokens' is too large: 11. This model's maximum \
+         context length is 50 tokens and your request has 40 input tokens (11 > 50 - 40)."
+    );
+    // The engine still serves after errors, up to the context length exactly.
     let (status, _) = post_json(
         engine.addr,
         "/v1/completions",
-        &json!({"prompt": vec![7; 50], "max_tokens": 1}),
+        &json!({"prompt": vec![7; 49], "max_tokens": 1}),
     );
     assert_eq!(status, 200);
 }

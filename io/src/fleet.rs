@@ -17,6 +17,11 @@ pub const DEMO_REPLICAS: usize = 1;
 /// a quarter of the built-in workload's distinct prompt tokens, so a cache-blind spread of
 /// every prefix over all engines evicts, as a real fleet under load does.
 pub const DEMO_NUM_GPU_BLOCKS: usize = 4_096;
+/// Tokens a replayed chat adds to its record's `input_length`: the chat template around its
+/// one user message (Qwen3's 3 + 5, `../shared/reference/traces.md` §3), with room for
+/// longer templates. The engines' context length leaves this much beyond the trace's
+/// longest request, so that vLLM's context check (400) refuses none.
+pub const TEMPLATE_ROOM: usize = 64;
 /// KV capacity of each demo engine when replaying a trace file, blocks of 16 tokens (vLLM's
 /// 16,384-block default, 262,144 tokens): Mooncake prompts average 12k tokens and reach 126k.
 pub const DEMO_TRACE_NUM_GPU_BLOCKS: usize = 16_384;
@@ -78,7 +83,7 @@ impl FleetArgs {
             num_gpu_blocks: engine_blocks(requested, self.trace.is_some(), records),
             max_model_len: records
                 .iter()
-                .map(|r| r.input_length as usize)
+                .map(|r| r.input_length as usize + r.output_length as usize + TEMPLATE_ROOM)
                 .max()
                 .unwrap_or(0)
                 .max(engine::defaults::MAX_MODEL_LEN),
@@ -164,8 +169,9 @@ pub struct Fleet {
     pub engines: usize,
     /// KV capacity of each engine, blocks.
     pub num_gpu_blocks: usize,
-    /// Longest prompt an engine accepts, tokens: the engine default, raised to the
-    /// workload's longest prompt so that every request is served (WEKA prompts reach 310k).
+    /// Context length of an engine (prompt + output), tokens: the engine default, raised to
+    /// the workload's longest request plus [`TEMPLATE_ROOM`] so that every request is
+    /// served (WEKA prompts reach 310k).
     pub max_model_len: usize,
     /// Engine speed-up over the timing model.
     pub speedup_ratio: f64,

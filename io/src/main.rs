@@ -477,7 +477,7 @@ struct EngineArgs {
     /// Divides all modelled times; 0 = no delays.
     #[arg(long)]
     speedup_ratio: Option<f64>,
-    /// Longest prompt, tokens (400 above).
+    /// Context length, tokens: a prompt must leave room for its `max_tokens` (400 otherwise, in vLLM's words).
     #[arg(long)]
     max_model_len: Option<usize>,
     /// Seed of all randomness (output tokens).

@@ -29,7 +29,8 @@ pub struct EngineConfig {
     pub speedup_ratio: f64,
     /// Extra divisor of decode time. Default [`defaults::DECODE_SPEEDUP_RATIO`].
     pub decode_speedup_ratio: f64,
-    /// Longest accepted prompt, in tokens. Default [`defaults::MAX_MODEL_LEN`].
+    /// Context length (prompt + output), tokens; the HTTP server refuses a request that does
+    /// not fit as vLLM does. Default [`defaults::MAX_MODEL_LEN`].
     pub max_model_len: usize,
     /// Seed of the output-token generator. Default [`defaults::SEED`].
     pub seed: u64,

@@ -33,7 +33,7 @@ pub const SPEEDUP_RATIO: f64 = 1.0;
 /// Extra divisor applied to decode time only (models speculative decoding). Source: Dynamo mocker.
 pub const DECODE_SPEEDUP_RATIO: f64 = 1.0;
 
-/// Longest accepted prompt, in tokens; longer prompts are rejected (HTTP 400).
+/// Context length (prompt + output), tokens; a request that does not fit is refused (HTTP 400).
 /// Source: Qwen3's 128 Ki context (`engine-model.md` §1).
 pub const MAX_MODEL_LEN: usize = 131_072;
 

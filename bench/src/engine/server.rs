@@ -747,6 +747,7 @@ fn parse_gen(tok: &Tokenizer, api: Api, body: &Value) -> Result<GenRequest, Stri
         tok,
         None,
         defaults::SEED,
+        defaults::MAX_MODEL_LEN,
         api,
         body,
         &serde_json::to_vec(body).unwrap_or_default(),
@@ -757,6 +758,7 @@ fn parse_gen(tok: &Tokenizer, api: Api, body: &Value) -> Result<GenRequest, Stri
 /// are rendered from `raw` (the request bytes) exactly as the router renders them: `tools`,
 /// `chat_template_kwargs` and key order included, and tokenized through `chat_ids` when given
 /// (same ids, reusing a cached prefix). `seed` is the engine seed (for [`tokens::prompt_stream`]).
+/// The prompt and `max_tokens` must fit in `max_model_len` tokens ([`context_budget`]).
 ///
 /// A chat with `continue_final_message: true` (which needs `add_generation_prompt: false`, as
 /// in vLLM) is cut after its final message's content (see the module doc) and keyed on the
@@ -765,6 +767,7 @@ fn parse_gen_raw(
     tok: &Tokenizer,
     chat_ids: Option<&std::sync::Mutex<IncrementalTokenizer>>,
     seed: u64,
+    max_model_len: usize,
     api: Api,
     body: &Value,
     raw: &[u8],
@@ -898,13 +901,45 @@ fn parse_gen_raw(
             (prompt, max, output)
         }
     };
+    let max_tokens = context_budget(prompt.len(), max_tokens, max_model_len)?;
     Ok(GenRequest {
         prompt,
-        max_tokens: max_tokens.unwrap_or(defaults::MAX_TOKENS),
+        max_tokens,
         stream,
         include_usage,
         output,
     })
+}
+
+/// The output budget of a `prompt`-token request asking for `max_tokens` (`None`: not
+/// given) on an engine of `max_model_len` tokens, or the 400 message. vLLM's input
+/// validation (`_validate_input`, `vllm/entrypoints/openai/serving_engine.py`), messages
+/// verbatim:
+/// - a prompt of `max_model_len` tokens or more leaves no room to generate;
+/// - an explicit `max_tokens` must fit beside the prompt;
+/// - without one, [`defaults::MAX_TOKENS`] is cut to the room left (vLLM's own default is
+///   that room).
+fn context_budget(
+    prompt: usize,
+    max_tokens: Option<u32>,
+    max_model_len: usize,
+) -> Result<u32, String> {
+    if prompt >= max_model_len {
+        return Err(format!(
+            "This model's maximum context length is {max_model_len} tokens. However, your \
+             request has {prompt} input tokens. Please reduce the length of the input messages."
+        ));
+    }
+    let room = max_model_len - prompt;
+    match max_tokens {
+        Some(m) if m as usize > room => Err(format!(
+            "'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum \
+             context length is {max_model_len} tokens and your request has {prompt} input \
+             tokens ({m} > {max_model_len} - {prompt})."
+        )),
+        Some(m) => Ok(m),
+        None => Ok(defaults::MAX_TOKENS.min(u32::try_from(room).unwrap_or(u32::MAX))),
+    }
 }
 
 fn token_ids(a: &[Value], name: &str) -> Result<Vec<u32>, String> {
@@ -973,6 +1008,7 @@ async fn generate(
         &shared.tokenizer,
         Some(&shared.chat_ids),
         shared.cfg.seed,
+        shared.cfg.max_model_len,
         api,
         &body,
         &bytes,
@@ -1463,8 +1499,26 @@ mod tests {
             text.push_str(" and the next section of it with more words");
             let body = json!({"messages": [{"role": "user", "content": text}]});
             let raw = serde_json::to_vec(&body).unwrap();
-            let cached = parse_gen_raw(tok(), Some(&inc), 0, Api::Chat, &body, &raw).unwrap();
-            let full = parse_gen_raw(tok(), None, 0, Api::Chat, &body, &raw).unwrap();
+            let cached = parse_gen_raw(
+                tok(),
+                Some(&inc),
+                0,
+                defaults::MAX_MODEL_LEN,
+                Api::Chat,
+                &body,
+                &raw,
+            )
+            .unwrap();
+            let full = parse_gen_raw(
+                tok(),
+                None,
+                0,
+                defaults::MAX_MODEL_LEN,
+                Api::Chat,
+                &body,
+                &raw,
+            )
+            .unwrap();
             assert_eq!(cached.prompt, full.prompt, "turn {turn}");
         }
         assert!(
@@ -1478,7 +1532,16 @@ mod tests {
         let body = json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
             "messages": [{"role": "user", "content": "Hello"}]});
         let raw = serde_json::to_vec(&body).unwrap();
-        let with_tools = parse_gen_raw(tok(), None, 0, Api::Chat, &body, &raw).unwrap();
+        let with_tools = parse_gen_raw(
+            tok(),
+            None,
+            0,
+            defaults::MAX_MODEL_LEN,
+            Api::Chat,
+            &body,
+            &raw,
+        )
+        .unwrap();
         let plain = parse_gen(
             tok(),
             Api::Chat,
@@ -1549,6 +1612,40 @@ mod tests {
         ] {
             assert!(parse_gen(tok(), api, &bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_context_budget_is_vllms() {
+        // vLLM's worked example (its own message): 1,297 input tokens, max_tokens 4,000,
+        // max_model_len 4,096.
+        assert_eq!(
+            context_budget(1297, Some(4000), 4096),
+            Err(
+                "'max_tokens' or 'max_completion_tokens' is too large: 4000. This model's \
+                 maximum context length is 4096 tokens and your request has 1297 input tokens \
+                 (4000 > 4096 - 1297)."
+                    .into()
+            )
+        );
+        assert_eq!(context_budget(1297, Some(2799), 4096), Ok(2799));
+        assert_eq!(
+            context_budget(4096, None, 4096),
+            Err(
+                "This model's maximum context length is 4096 tokens. However, your request \
+                 has 4096 input tokens. Please reduce the length of the input messages."
+                    .into()
+            )
+        );
+        // No max_tokens: the default, cut to the room left.
+        assert_eq!(context_budget(10, None, 4096), Ok(defaults::MAX_TOKENS));
+        assert_eq!(context_budget(4090, None, 4096), Ok(6));
+        // Through the parser: "hello" is one token, so 10 − 1 = 9 tokens of room.
+        let body = json!({"prompt": "hello", "max_tokens": 10});
+        let raw = serde_json::to_vec(&body).unwrap();
+        let parse = |b: &Value| parse_gen_raw(tok(), None, 0, 10, Api::Completion, b, &raw);
+        assert!(parse(&body).unwrap_err().contains("is too large: 10."));
+        let body = json!({"prompt": "hello", "max_tokens": 9});
+        assert_eq!(parse(&body).map(|g| g.max_tokens), Ok(9));
     }
 
     fn tok_out(index: u32, last: bool) -> TokenOut {
