@@ -6,7 +6,9 @@
 //! connection never takes a lock. Idle connections older than `--upstream-idle-timeout-ms`
 //! (3 s, below the engines' 5 s keep-alive: bug-cases.md B42) are closed instead of reused,
 //! and a reused connection that fails before the first response byte is retried once on a
-//! fresh connection.
+//! fresh connection: the worker closed it while it sat idle (an engine with a shorter
+//! keep-alive, or one that restarted), so every older idle connection to that worker is
+//! closed too, and none of them is tried next.
 
 use crate::conn::Conn;
 use crate::error::{HttpError, ProxyError};
@@ -54,8 +56,16 @@ impl Pool {
                 None => break,
             }
         }
+        Ok((self.connect(addr).await?, false))
+    }
+
+    /// A new connection to `addr`, bypassing the idle ones.
+    ///
+    /// # Errors
+    /// The connect error, or `TimedOut` after the connect timeout.
+    pub async fn connect(&self, addr: SocketAddr) -> std::io::Result<Conn> {
         match monoio::time::timeout(self.connect_timeout, TcpStream::connect_addr(addr)).await {
-            Ok(Ok(stream)) => Ok((Conn::new(stream), false)),
+            Ok(Ok(stream)) => Ok(Conn::new(stream)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -74,6 +84,14 @@ impl Pool {
         let now = Instant::now();
         expire(list, now, self.idle_timeout);
         list.push((conn, now));
+    }
+
+    /// Closes every idle connection to `worker` (it closed one of them while idle, so the
+    /// older ones are as likely gone).
+    pub fn clear(&self, worker: usize) {
+        if let Some(list) = self.idle.borrow_mut().get_mut(worker) {
+            list.clear();
+        }
     }
 
     /// Closes every idle connection older than the idle timeout, and every connection of a
@@ -216,15 +234,17 @@ pub async fn send(
         });
     };
     let mut request = request;
-    let mut retried = false;
+    let connect_error = |source| ProxyError::Connect {
+        worker: worker.id,
+        source,
+    };
+    let mut fresh = false;
     loop {
-        let (mut conn, reused) =
-            pool.get(worker.id, addr)
-                .await
-                .map_err(|source| ProxyError::Connect {
-                    worker: worker.id,
-                    source,
-                })?;
+        let (mut conn, reused) = if fresh {
+            (pool.connect(addr).await.map_err(connect_error)?, false)
+        } else {
+            pool.get(worker.id, addr).await.map_err(connect_error)?
+        };
         let (res, buf) = conn.write_all(request).await;
         request = buf;
         let outcome = match res {
@@ -236,9 +256,12 @@ pub async fn send(
         };
         match outcome {
             Ok(head) => return Ok((conn, head)),
-            // A pooled connection the worker closed while idle: one safe retry (B42).
-            Err(Failure::BeforeResponse(_)) if reused && !retried => {
-                retried = true;
+            // A pooled connection the worker closed while idle (B42): nothing was answered,
+            // so one safe retry, on a fresh connection (the freshest idle one failed: the
+            // older ones go too). A fresh connection is never `reused`: at most one retry.
+            Err(Failure::BeforeResponse(_)) if reused => {
+                pool.clear(worker.id);
+                fresh = true;
                 continue;
             }
             Err(Failure::BeforeResponse(message)) | Err(Failure::Protocol(message)) => {

@@ -627,6 +627,50 @@ fn stale_pooled_connection_is_retried_once_b42() {
 }
 
 #[test]
+fn the_b42_retry_takes_a_fresh_connection_not_another_stale_one() {
+    // Two pooled connections, both closed by the worker while idle: the retry after the
+    // first fails must not take the second (it used to, and the client got a 502).
+    let (addr, worker) = short_keepalive_worker(Duration::from_millis(100), 3);
+    let gw = gateway_for(
+        vec![format!("http://{addr}")],
+        PolicyKind::RoundRobin,
+        |c| c.shards = Some(1),
+    );
+    let gw_addr = gw.local_addr();
+    // Two at once: two upstream connections (the worker serves the second once the first
+    // has idled out), both returned to the pool.
+    let both: Vec<u16> = std::thread::scope(|s| {
+        let send = || {
+            s.spawn(|| {
+                post(
+                    gw_addr,
+                    "/v1/completions",
+                    &json!({"model": "m", "prompt": "one"}),
+                )
+                .status
+            })
+        };
+        let (a, b) = (send(), send());
+        vec![a.join().unwrap(), b.join().unwrap()]
+    });
+    assert_eq!(both, [200, 200]);
+    std::thread::sleep(Duration::from_millis(300)); // the worker closed both meanwhile
+    let r = post(
+        gw_addr,
+        "/v1/completions",
+        &json!({"model": "m", "prompt": "two"}),
+    );
+    assert_eq!(
+        (r.status, r.json()["served"].as_u64()),
+        (200, Some(2)),
+        "{}",
+        r.text()
+    );
+    assert_eq!(worker.join().unwrap(), 3);
+    gw.shutdown();
+}
+
+#[test]
 fn client_leaving_before_the_response_head_cancels_the_upstream_request_b41() {
     // bug-cases.md B41: the client goes away before the response head; the engine must
     // stop. A non-streaming request gets its head only at the end, so the gateway is still
