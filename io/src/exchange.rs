@@ -495,9 +495,11 @@ async fn attempts(
                 let retryable = is_retryable_status(head.status);
                 if retryable {
                     worker.record_outcome(Outcome::Failure, now);
-                    shared.metrics.on_worker_error(worker.id, "status_5xx");
                 } else {
                     worker.record_outcome(Outcome::of_status(head.status), now);
+                }
+                if head.status >= 500 {
+                    shared.metrics.on_worker_error(worker.id, "status_5xx");
                 }
                 // Not retryable, or no retry left: the worker's own answer goes to the client.
                 if !retryable || !others || !may_retry(shared, rec, tried, "status_5xx", worker.id)
@@ -517,6 +519,7 @@ async fn attempts(
                         head,
                     });
                 }
+                tracing::warn!(worker = worker.id, status = head.status, request_id = %rec.request_id, "attempt failed");
             }
             Err(err) => {
                 worker.record_outcome(Outcome::Failure, now);

@@ -707,6 +707,36 @@ fn port_in_use_slow_clients_and_connection_limits() {
     gw.shutdown();
 }
 
+/// Every 5xx answer counts as a worker error, the 500 that goes to the client as it is (a
+/// breaker failure, not retried) as much as the 503 that is retried.
+#[test]
+fn every_5xx_answer_counts_as_a_worker_error() {
+    let broken = faulty(EngineFaults {
+        status: Some(500),
+        ..EngineFaults::default()
+    });
+    let busy = faulty(EngineFaults {
+        status: Some(503),
+        ..EngineFaults::default()
+    });
+    let gw = gateway_for(&[&broken, &busy], |_| {});
+    // Round robin: one request goes to worker 0 (500, to the client), the other to worker 1
+    // (503), retried on worker 0 (500, to the client).
+    for _ in 0..2 {
+        let r = post(gw.local_addr(), "/v1/completions", &completion(0, 2));
+        assert_eq!(r.status, 500, "{}", r.text());
+    }
+    let text = get(gw.local_addr(), "/metrics").text();
+    let errors = |w: &str| {
+        metric(
+            &text,
+            &format!("kvroute_worker_errors_total{{worker=\"{w}\",kind=\"status_5xx\"}}"),
+        )
+    };
+    assert_eq!((errors("0"), errors("1")), (Some(2.0), Some(1.0)), "{text}");
+    gw.shutdown();
+}
+
 /// A lone worker's own 503 reaches the client as it is (no retry can go anywhere, none is
 /// counted); a stream cut by `--request-timeout-secs` ends with an error event and does not
 /// count against the worker's breaker.
