@@ -625,7 +625,10 @@ async fn proxy(
         && c.head.status == 200
         && relay::is_sse(&c.head)
         && endpoint != Endpoint::Generate;
-    let mut tracker = migrates.then(|| StreamTracker::new(endpoint == Endpoint::ChatCompletions));
+    let mut tracker = migrates.then(|| {
+        let prompt_tokens = key.input_ids.as_ref().map(|ids| ids.len() as u64);
+        StreamTracker::new(endpoint == Endpoint::ChatCompletions, prompt_tokens)
+    });
     let deadline = req.received + settings.request_timeout;
     let Committed {
         mut worker,

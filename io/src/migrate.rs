@@ -13,7 +13,12 @@
 //! `max_tokens` (and `max_completion_tokens`) shrink by the tokens already streamed, counted
 //! as one per content-bearing event (vLLM and SGLang stream one token per event). The
 //! continuation's first chat event (the `role` delta) is dropped and every event's `id` is
-//! rewritten to the first worker's, so the client's SDK sees one completion.
+//! rewritten to the first worker's, so the client's SDK sees one completion. Its `usage`
+//! (with `stream_options.include_usage`) is made the whole request's: `completion_tokens`
+//! gains the `c` tokens streamed before it; `prompt_tokens` is the original prompt's when the
+//! router tokenized it (token mode: the ids it routed on), else the continuation's minus `c`
+//! (its prompt is the original plus the streamed text, and the chat template's few tokens
+//! around a final assistant message: 4 more with Qwen3's); `total_tokens` is their sum.
 
 use serde_json::Value;
 
@@ -35,13 +40,20 @@ pub struct StreamTracker {
     /// The current segment's events seen (the first chat event of a continuation is its
     /// role delta).
     segment_events: u64,
+    /// Tokens streamed before the current segment began (its continuation's prompt holds
+    /// them).
+    carried: u64,
+    /// The original request's prompt tokens, when the router tokenized it.
+    prompt_tokens: Option<u64>,
 }
 
 impl StreamTracker {
-    /// A tracker for a chat (`true`) or completions stream.
-    pub fn new(chat: bool) -> Self {
+    /// A tracker for a chat (`true`) or completions stream whose prompt has `prompt_tokens`
+    /// tokens (`None`: not tokenized by the router).
+    pub fn new(chat: bool, prompt_tokens: Option<u64>) -> Self {
         Self {
             chat,
+            prompt_tokens,
             ..Self::default()
         }
     }
@@ -66,6 +78,7 @@ impl StreamTracker {
     pub fn next_segment(&mut self) {
         self.segment += 1;
         self.segment_events = 0;
+        self.carried = self.tokens;
         self.partial.clear();
     }
 
@@ -119,18 +132,27 @@ impl StreamTracker {
             self.text.push_str(&piece);
             self.tokens += 1;
         }
+        let mut changed = false;
         match (&self.id, v.get("id").and_then(Value::as_str)) {
             (None, Some(id)) => self.id = Some(id.to_string()),
             (Some(first), Some(id)) if self.segment > 0 && id != first => {
                 v["id"] = Value::String(first.clone());
-                out.extend_from_slice(b"data: ");
-                out.extend_from_slice(v.to_string().as_bytes());
-                out.extend_from_slice(b"\n\n");
-                return;
+                changed = true;
             }
             _ => {}
         }
-        out.extend_from_slice(event);
+        if self.carried > 0
+            && let Some(usage) = v.get_mut("usage")
+        {
+            changed |= carry_usage(usage, self.carried, self.prompt_tokens);
+        }
+        if changed {
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(v.to_string().as_bytes());
+            out.extend_from_slice(b"\n\n");
+        } else {
+            out.extend_from_slice(event);
+        }
     }
 
     /// The continuation of the original request whose body is `body` (JSON), for all the text
@@ -161,6 +183,31 @@ impl StreamTracker {
     }
 }
 
+/// Makes a continuation's `usage` (an object with `prompt_tokens` and `completion_tokens`;
+/// anything else is left alone, false) the whole request's: `carried` tokens streamed before
+/// it added to the completion, the prompt `original` tokens when known (else the
+/// continuation's minus `carried`), the total their sum, and
+/// `prompt_tokens_details.cached_tokens` kept within the prompt. True when it changed.
+fn carry_usage(usage: &mut Value, carried: u64, original: Option<u64>) -> bool {
+    let (Some(prompt), Some(completion)) = (
+        usage["prompt_tokens"].as_u64(),
+        usage["completion_tokens"].as_u64(),
+    ) else {
+        return false;
+    };
+    let prompt = original.unwrap_or(prompt.saturating_sub(carried));
+    let completion = completion + carried;
+    usage["prompt_tokens"] = prompt.into();
+    usage["completion_tokens"] = completion.into();
+    if usage.get("total_tokens").is_some() {
+        usage["total_tokens"] = (prompt + completion).into();
+    }
+    if let Some(cached) = usage["prompt_tokens_details"]["cached_tokens"].as_u64() {
+        usage["prompt_tokens_details"]["cached_tokens"] = cached.min(prompt).into();
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,7 +222,7 @@ mod tests {
     /// client sees the first role delta once, every event with the first id, the text whole.
     #[test]
     fn splices_a_chat_continuation() {
-        let mut t = StreamTracker::new(true);
+        let mut t = StreamTracker::new(true, None);
         let mut out = Vec::new();
         let first = [
             chat_event(
@@ -214,14 +261,34 @@ mod tests {
                 None,
             ),
             chat_event("b", serde_json::json!({"content": " world"}), Some("stop")),
+            // The continuation's usage: its prompt held the 2 tokens streamed before.
+            format!(
+                "data: {}\n\n",
+                serde_json::json!({"id": "b", "choices": [], "usage": {"prompt_tokens": 14,
+                    "completion_tokens": 1, "total_tokens": 15,
+                    "prompt_tokens_details": {"cached_tokens": 14}}})
+            ),
             "data: [DONE]\n\n".to_string(),
         ]
         .concat();
         t.filter(second.as_bytes(), &mut out);
         let text = String::from_utf8(out).unwrap();
+        let usage: Value = text
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter_map(|p| serde_json::from_str::<Value>(p).ok())
+            .find_map(|v| v.get("usage").cloned())
+            .expect("usage event forwarded");
+        assert_eq!(text.matches("\"usage\"").count(), 1, "{text}");
+        assert_eq!(
+            usage,
+            serde_json::json!({"prompt_tokens": 12, "completion_tokens": 3,
+                "total_tokens": 15, "prompt_tokens_details": {"cached_tokens": 12}})
+        );
         assert!(!text.contains("\"role\""), "role delta repeated: {text}");
         assert!(!text.contains("\"id\":\"b\""), "{text}");
-        assert_eq!(text.matches("\"id\":\"a\"").count(), 1);
+        // The content event and the usage event, both with the first id.
+        assert_eq!(text.matches("\"id\":\"a\"").count(), 2);
         assert!(text.ends_with("data: [DONE]\n\n"));
         assert_eq!(t.text(), "Hello world");
         assert!(t.finished());
@@ -229,7 +296,7 @@ mod tests {
 
     #[test]
     fn completions_continuation_appends_the_text() {
-        let mut t = StreamTracker::new(false);
+        let mut t = StreamTracker::new(false, None);
         let ev = |s: &str| {
             format!(
                 "data: {}\n\n",

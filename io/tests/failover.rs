@@ -190,13 +190,24 @@ fn stream_text(body: &[u8]) -> (String, bool, bool) {
 /// equals an unbroken run's.
 #[test]
 fn killed_mid_stream_ends_cleanly_or_migrates() {
-    let body = chat("tell me a long story about routers", 40);
+    let mut body = chat("tell me a long story about routers", 40);
+    body["stream_options"] = json!({"include_usage": true});
+    // The `usage` of an SSE stream (its last event with one).
+    let usage_of = |body: &[u8]| {
+        String::from_utf8_lossy(body)
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+            .filter_map(|v| v.get("usage").filter(|u| u.is_object()).cloned())
+            .last()
+    };
     // The unbroken run, straight to a healthy engine.
     let reference = engine(MODEL);
     let direct = post(reference.addr, "/v1/chat/completions", &body);
     let (want, _, _) = stream_text(&direct.body);
     assert!(want.len() > 40, "{want}");
-    for migrate in [false, true] {
+    // (migrate, the router tokenizes: token mode)
+    for (migrate, tokens) in [(false, false), (true, false), (true, true)] {
         let dying = faulty(EngineFaults {
             die_after_tokens: Some(15),
             ..EngineFaults::default()
@@ -204,6 +215,9 @@ fn killed_mid_stream_ends_cleanly_or_migrates() {
         let good = engine(MODEL);
         let gw = gateway_for(&[&dying, &good], |c| {
             c.migration_limit = u32::from(migrate);
+            if tokens {
+                c.tokenizer = Some(kvroute_core::tokens::BUILTIN_QWEN3.into());
+            }
         });
         let r = post(gw.local_addr(), "/v1/chat/completions", &body);
         assert_eq!(r.status, 200);
@@ -213,6 +227,16 @@ fn killed_mid_stream_ends_cleanly_or_migrates() {
         if migrate {
             assert!(!error, "{}", r.text());
             assert_eq!(text, want, "migrated stream equals the unbroken one");
+            // The client is told the whole request's usage, not the continuation's. In text
+            // mode its prompt count is the continuation's minus the streamed tokens, which
+            // keeps the 4 tokens of Qwen3's empty think block around the final assistant
+            // message; in token mode it is the prompt the router tokenized.
+            let (got, want) = (usage_of(&r.body).unwrap(), usage_of(&direct.body).unwrap());
+            let seam = if tokens { 0 } else { 4 };
+            let prompt = want["prompt_tokens"].as_u64().unwrap() + seam;
+            assert_eq!(got["prompt_tokens"], prompt, "{got} vs {want}");
+            assert_eq!(got["completion_tokens"], want["completion_tokens"]);
+            assert_eq!(got["total_tokens"], prompt + 40, "{got}");
             assert_eq!(good.request_stats().requests_completed, 1);
             let role_deltas = r.text().matches("\"role\"").count();
             assert_eq!(role_deltas, 1, "{}", r.text());
