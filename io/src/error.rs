@@ -1,5 +1,5 @@
 //! Errors of the network layer and the one mapping from an error to a status code and an
-//! OpenAI-shaped JSON body: `{"error":{"message","type","code"}}`.
+//! OpenAI-shaped JSON body: `{"error":{"message","type","param","code"}}`.
 
 /// A protocol error in an HTTP/1.1 message (ours to parse, from a client or a worker).
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -133,10 +133,12 @@ pub fn error_type(status: u16) -> &'static str {
     }
 }
 
-/// The JSON error body `{"error":{"message":..,"type":..,"code":status}}`.
+/// The JSON error body `{"error":{"message":..,"type":..,"param":null,"code":status}}`:
+/// OpenAI's shape, whose `param` (the offending parameter) is always present, `null` when
+/// none is named, as vLLM's is.
 pub fn error_body(status: u16, message: &str) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
-        "error": {"message": message, "type": error_type(status), "code": status}
+        "error": {"message": message, "type": error_type(status), "param": null, "code": status}
     }))
     .unwrap_or_default()
 }
@@ -157,6 +159,7 @@ mod tests {
         assert_eq!(v["error"]["code"], 413);
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert_eq!(v["error"]["message"], "too big");
+        assert_eq!(v["error"].get("param"), Some(&serde_json::Value::Null));
         let v: serde_json::Value = serde_json::from_slice(&error_body(503, "x")).unwrap();
         assert_eq!(v["error"]["type"], "server_error");
     }

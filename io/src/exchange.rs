@@ -151,6 +151,8 @@ pub async fn handle(ctx: &ShardCtx, req: Request, sink: &mut impl ResponseSink) 
     }
     if req.method != route.method() {
         let err = ApiError::new(405, format!("{} takes {}", route.label(), route.method()));
+        // RFC 9110 §15.5.6: a 405 names the methods the resource takes.
+        let extra = [extra[0], ("allow", route.method().as_bytes())];
         return answer_error(sink, &mut rec, &err, &extra).await;
     }
     if route.needs_key() && !authorized(shared, &req) {
@@ -159,6 +161,8 @@ pub async fn handle(ctx: &ShardCtx, req: Request, sink: &mut impl ResponseSink) 
             "invalid or missing API key (Authorization: Bearer KEY)",
         );
         rec.error = Some("unauthorized");
+        // RFC 6750 §3: the scheme the client must use.
+        let extra = [extra[0], ("www-authenticate", b"Bearer".as_slice())];
         return answer_error(sink, &mut rec, &err, &extra).await;
     }
     match route {

@@ -209,7 +209,7 @@ pub trait ResponseSink {
     fn close_after(&mut self);
 }
 
-/// An OpenAI-shaped error: status, `type` and message (`{"error":{"message","type","code"}}`).
+/// An OpenAI-shaped error: status, `type` and message (`{"error":{"message","type","param","code"}}`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
     /// HTTP status.

@@ -511,6 +511,7 @@ fn api_keys_worker_keys_and_hop_by_hop_headers() {
         let r = req(auth);
         assert_eq!(r.status, 401, "{auth:?}");
         assert_eq!(r.json()["error"]["code"], 401);
+        assert_eq!(r.header("www-authenticate"), Some("Bearer"));
     }
     assert_eq!(get(addr, "/health").status, 200, "probes need no key");
     let r = req("Authorization: Bearer sk-client\r\n");

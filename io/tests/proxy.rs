@@ -422,6 +422,14 @@ fn client_errors_431_413_400() {
     assert_eq!(r.json()["usage"]["completion_tokens"], 3);
     assert_eq!(get(addr, "/nope").status, 404);
     assert_eq!(get(addr, "/health").status, 200);
+    // A route with the wrong method: 405 naming the right one, in the OpenAI shape.
+    let r = get(addr, "/v1/chat/completions");
+    assert_eq!((r.status, r.header("allow")), (405, Some("POST")));
+    assert_eq!(
+        r.json()["error"],
+        json!({"message": "/v1/chat/completions takes POST", "type": "invalid_request_error",
+            "param": null, "code": 405})
+    );
     gw.shutdown();
 }
 
