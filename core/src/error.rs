@@ -61,6 +61,16 @@ pub enum CoreError {
         /// The normalised URL.
         url: String,
     },
+    /// A worker's `;api_key_env=VAR` names a variable that is unset or empty: its requests
+    /// would go without the key it asked for (and a vLLM started with `--api-key` would
+    /// answer each with 401).
+    #[error("worker {url}: api_key_env names {var}, which is unset or empty")]
+    WorkerKeyUnset {
+        /// The worker's URL as given.
+        url: String,
+        /// The variable's name.
+        var: String,
+    },
     /// The admin API listens beyond loopback without `admin_api_key`.
     #[error(
         "config: `admin_listen` {listen} is not loopback: set `admin_api_key` (--admin-api-key)"
@@ -121,6 +131,7 @@ impl CoreError {
             | CoreError::BadDnsServer(_)
             | CoreError::BadNats { .. }
             | CoreError::DuplicateWorker { .. }
+            | CoreError::WorkerKeyUnset { .. }
             | CoreError::UnknownPolicy(_)
             | CoreError::BadKnob(_)
             | CoreError::AdminKeyRequired { .. } => "config",

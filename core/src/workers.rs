@@ -705,7 +705,9 @@ impl Workers {
     /// unhealthy); returns its new id.
     ///
     /// # Errors
-    /// [`CoreError::DuplicateWorker`] when a present worker has the same URL.
+    /// - [`CoreError::DuplicateWorker`] when a present worker has the same URL.
+    /// - [`CoreError::WorkerKeyUnset`] when `spec.api_key_env` names an unset or empty
+    ///   variable.
     pub fn add(&self, spec: &WorkerSpec, healthy: bool) -> Result<usize, CoreError> {
         self.add_resolved(spec, None, healthy)
     }
@@ -727,11 +729,18 @@ impl Workers {
             return Err(CoreError::DuplicateWorker { url });
         }
         let id = cur.len();
-        let api_key = spec
-            .api_key_env
-            .as_ref()
-            .and_then(|var| std::env::var(var).ok())
-            .filter(|k| !k.is_empty());
+        let api_key = match &spec.api_key_env {
+            None => None,
+            Some(var) => match std::env::var(var) {
+                Ok(key) if !key.is_empty() => Some(key),
+                _ => {
+                    return Err(CoreError::WorkerKeyUnset {
+                        url: spec.url.clone(),
+                        var: var.clone(),
+                    });
+                }
+            },
+        };
         let authority = if host.contains(':') {
             format!("[{host}]:{port}")
         } else {
@@ -1219,8 +1228,13 @@ mod tests {
         let path = std::env::var("PATH").unwrap();
         let w = Workers::new(&["http://a:1;api_key_env=PATH".into()]).unwrap();
         assert_eq!(w.get(0).unwrap().api_key.as_deref(), Some(path.as_str()));
-        let w =
-            Workers::new(&["http://a:1;api_key_env=KVROUTE_TEST_UNSET_VAR_XYZ".into()]).unwrap();
-        assert_eq!(w.get(0).unwrap().api_key, None);
+        // An unset variable is an error naming it, not a worker without its key.
+        let e = Workers::new(&["http://a:1;api_key_env=KVROUTE_TEST_UNSET_VAR_XYZ".into()])
+            .err()
+            .expect("refused");
+        assert_eq!(
+            e.to_string(),
+            "worker http://a:1: api_key_env names KVROUTE_TEST_UNSET_VAR_XYZ, which is unset or empty"
+        );
     }
 }

@@ -316,8 +316,8 @@ pub fn admin_route(
             {
                 Ok(id) => (201, serde_json::json!({"id": id}).to_string().into_bytes()),
                 Err(crate::error::GatewayError::Core(
-                    e @ kvroute_core::CoreError::DuplicateWorker { .. },
-                )) => err(409, &e.to_string()),
+                    kvroute_core::CoreError::DuplicateWorker { url },
+                )) => err(409, &format!("worker {url} is already in the fleet")),
                 Err(e) => err(400, &e.to_string()),
             }
         }

@@ -595,8 +595,24 @@ fn admin_api_adds_drains_removes_and_re_adds() {
     );
     assert_eq!(dup.status, 409);
     assert_eq!(
+        dup.json()["error"]["message"],
+        format!("worker http://{} is already in the fleet", b.addr)
+    );
+    assert_eq!(
         admin(&gw, "POST", "/workers", r#"{"url":"ftp://x"}"#, Some("adm")).status,
         400
+    );
+    // A key variable that is not set: refused, naming it, not added without its key.
+    let unset = json!({"url": "http://127.0.0.1:9;api_key_env=KVROUTE_TEST_UNSET_KEY"});
+    let r = admin(&gw, "POST", "/workers", &unset.to_string(), Some("adm"));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("api_key_env names KVROUTE_TEST_UNSET_KEY, which is unset or empty"),
+        "{}",
+        r.text()
     );
     // A long stream on worker 0 (seq 0 → the first eligible), then drain worker 0.
     let long = serde_json::to_vec(&chat("a long answer please", 300)).unwrap();
