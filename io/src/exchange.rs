@@ -633,7 +633,10 @@ async fn proxy(
         let prompt_tokens = key.input_ids.as_ref().map(|ids| ids.len() as u64);
         StreamTracker::new(endpoint == Endpoint::ChatCompletions, prompt_tokens)
     });
-    let deadline = req.received + settings.request_timeout;
+    let limits = relay::Limits {
+        deadline: req.received + settings.request_timeout,
+        idle: settings.stream_idle_timeout,
+    };
     let Committed {
         mut worker,
         decision,
@@ -653,7 +656,7 @@ async fn proxy(
         &mut conn,
         &head,
         &headers,
-        deadline,
+        limits,
         rec,
         tracker.as_mut(),
         Some(&guard),
@@ -696,10 +699,25 @@ async fn proxy(
                 }
                 return;
             }
-            RelayEnd::UpstreamFailed { sse } => {
+            RelayEnd::UpstreamFailed { sse, stalled } => {
+                let (kind, what) = if stalled {
+                    (
+                        "stream_idle_timeout",
+                        format!(
+                            "worker {} sent nothing for {} s mid-stream",
+                            worker.id,
+                            settings.stream_idle_timeout.as_secs()
+                        ),
+                    )
+                } else {
+                    (
+                        "upstream_body",
+                        format!("worker {} failed mid-stream", worker.id),
+                    )
+                };
                 worker.record_outcome(Outcome::Failure, shared.now_ms());
-                shared.metrics.on_worker_error(worker.id, "upstream_body");
-                tracing::warn!(worker = worker.id, request_id = %rec.request_id, migrations = rec.migrations, "worker failed mid-stream");
+                shared.metrics.on_worker_error(worker.id, kind);
+                tracing::warn!(worker = worker.id, request_id = %rec.request_id, migrations = rec.migrations, error = kind, "worker failed mid-stream");
                 tried.push(worker.id);
                 let continuation = tracker
                     .as_ref()
@@ -717,7 +735,7 @@ async fn proxy(
                                 sink,
                                 &mut conn,
                                 &next.head,
-                                deadline,
+                                limits,
                                 rec,
                                 Some(t),
                                 Some(&guard),
@@ -733,14 +751,11 @@ async fn proxy(
                     }
                 }
                 drop(guard);
-                rec.error = Some("upstream_body");
+                rec.error = Some(kind);
                 sink.close_after();
                 if sse {
                     // The client gets a clean end: an OpenAI-style error event, then [DONE].
-                    let event = relay::sse_error_event(
-                        502,
-                        &format!("worker {} failed mid-stream", worker.id),
-                    );
+                    let event = relay::sse_error_event(502, &what);
                     let (res, _) = sink.send_data(event).await;
                     if res.is_ok() {
                         let _ = sink.finish().await;

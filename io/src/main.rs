@@ -175,6 +175,9 @@ struct ServeArgs {
     /// Time allowed for one exchange with a worker, s (504 after).
     #[arg(long)]
     request_timeout_secs: Option<u64>,
+    /// Longest silence of a worker once its response body began, s (then it failed mid-stream).
+    #[arg(long)]
+    stream_idle_timeout_secs: Option<u64>,
     /// Idle upstream connections are closed after this many ms.
     #[arg(long)]
     upstream_idle_timeout_ms: Option<u64>,
@@ -366,6 +369,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.request_timeout_secs {
             cfg.request_timeout_secs = v;
+        }
+        if let Some(v) = self.stream_idle_timeout_secs {
+            cfg.stream_idle_timeout_secs = v;
         }
         if let Some(v) = self.upstream_idle_timeout_ms {
             cfg.upstream_idle_timeout_ms = v;
@@ -707,6 +713,10 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
         (
             "request_timeout_secs",
             defaults::REQUEST_TIMEOUT_SECS.to_string(),
+        ),
+        (
+            "stream_idle_timeout_secs",
+            defaults::STREAM_IDLE_TIMEOUT_SECS.to_string(),
         ),
         (
             "upstream_idle_timeout_ms",

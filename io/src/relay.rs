@@ -18,7 +18,7 @@ use crate::record::Record;
 use kvroute_core::workers::LoadGuard;
 use monoio::buf::IoBufMut;
 use monoio::io::AsyncReadRent;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// How a relay ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +38,9 @@ pub enum RelayEnd {
         /// The response is an SSE stream (`text/event-stream`): it can be ended cleanly with
         /// an error event.
         sse: bool,
+        /// The worker sent nothing for [`Limits::idle`] (else its connection broke or its
+        /// body was invalid).
+        stalled: bool,
     },
     /// The whole-exchange deadline (`--request-timeout-secs`) passed mid-body: the router's
     /// limit, not the worker's fault (no breaker failure, no migration).
@@ -45,6 +48,18 @@ pub enum RelayEnd {
         /// As for [`RelayEnd::UpstreamFailed`].
         sse: bool,
     },
+}
+
+/// When a relay stops waiting for the worker.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// The whole exchange's end (`--request-timeout-secs` after the request arrived):
+    /// [`RelayEnd::TimedOut`].
+    pub deadline: Instant,
+    /// Longest wait for the worker's next bytes (`--stream-idle-timeout-secs`):
+    /// [`RelayEnd::UpstreamFailed`] with `stalled`. Bounding the one read timeout each wait
+    /// already has, it costs no timer of its own.
+    pub idle: Duration,
 }
 
 /// Size of one relay read, in bytes.
@@ -163,7 +178,7 @@ pub async fn relay(
     upstream: &mut Conn,
     head: &ResponseHead,
     headers: &[HeaderLine<'_>],
-    deadline: Instant,
+    limits: Limits,
     rec: &mut Record<'_>,
     tracker: Option<&mut StreamTracker>,
     load: Option<&LoadGuard>,
@@ -175,10 +190,10 @@ pub async fn relay(
     {
         return RelayEnd::ClientGone;
     }
-    relay_body(sink, upstream, head, deadline, rec, tracker, load).await
+    relay_body(sink, upstream, head, limits, rec, tracker, load).await
 }
 
-/// Relays the body of `head` until it ends, the client goes away, or `deadline` passes. The
+/// Relays the body of `head` until it ends, the client goes away, or `limits` end it. The
 /// first body bytes are already in `upstream`'s buffer (the exchange held the head until
 /// they came). With a `tracker` (migration on), data passes through it event by event. A
 /// complete relay reports the body's [`Usage`]; `rec` gets the TTFT and the response-side
@@ -189,7 +204,7 @@ pub async fn relay_body(
     sink: &mut impl ResponseSink,
     upstream: &mut Conn,
     head: &ResponseHead,
-    deadline: Instant,
+    limits: Limits,
     rec: &mut Record<'_>,
     mut tracker: Option<&mut StreamTracker>,
     mut load: Option<&LoadGuard>,
@@ -213,7 +228,10 @@ pub async fn relay_body(
                 Ok(false) => upstream_ok = false, // surplus bytes after the body
                 Err(()) => {
                     let _ = sink.flush().await;
-                    return RelayEnd::UpstreamFailed { sse };
+                    return RelayEnd::UpstreamFailed {
+                        sse,
+                        stalled: false,
+                    };
                 }
             }
             tail.push(&data);
@@ -244,20 +262,22 @@ pub async fn relay_body(
         if sink.flush().await.is_err() {
             return RelayEnd::ClientGone;
         }
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = limits.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return RelayEnd::TimedOut { sse };
         }
+        let wait = left.min(limits.idle);
         pending.clear();
         pending.reserve(RELAY_READ_BYTES);
         let cap = pending.capacity();
         let (res, slice) = match monoio::time::timeout(
-            left,
+            wait,
             upstream.stream.read(pending.slice_mut(0..cap)),
         )
         .await
         {
             Ok(r) => r,
+            Err(_) if wait < left => return RelayEnd::UpstreamFailed { sse, stalled: true },
             Err(_) => return RelayEnd::TimedOut { sse },
         };
         pending = slice.into_inner();
@@ -266,7 +286,12 @@ pub async fn relay_body(
                 body.finished = true;
                 upstream_ok = false;
             }
-            Ok(0) | Err(_) => return RelayEnd::UpstreamFailed { sse },
+            Ok(0) | Err(_) => {
+                return RelayEnd::UpstreamFailed {
+                    sse,
+                    stalled: false,
+                };
+            }
             Ok(_) => {}
         }
     }

@@ -30,6 +30,8 @@ pub struct Settings {
     pub max_head_bytes: usize,
     /// Time allowed for a whole exchange with a worker (the stream is cut after it).
     pub request_timeout: Duration,
+    /// Longest silence of a worker once its response body began (it failed mid-stream).
+    pub stream_idle_timeout: Duration,
     /// Time allowed for a worker's first response byte (the attempt fails after it).
     pub first_byte_timeout: Duration,
     /// Idle upstream connections older than this are closed, not reused.
@@ -73,6 +75,7 @@ impl Settings {
             max_body_bytes: cfg.max_body_bytes,
             max_head_bytes: defaults::MAX_HEAD_BYTES,
             request_timeout: secs(cfg.request_timeout_secs),
+            stream_idle_timeout: secs(cfg.stream_idle_timeout_secs),
             first_byte_timeout: secs(cfg.first_byte_timeout_secs),
             upstream_idle_timeout: Duration::from_millis(cfg.upstream_idle_timeout_ms),
             connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),

@@ -778,6 +778,75 @@ fn every_5xx_answer_counts_as_a_worker_error() {
     gw.shutdown();
 }
 
+/// A worker that sends one SSE event, then nothing for 4 s (a wedged engine), then closes.
+fn silent_worker() -> (SocketAddr, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up = l.local_addr().unwrap();
+    let silent = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        let mut tmp = [0u8; 4096];
+        let _ = c.read(&mut tmp);
+        let event = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
+            event.len()
+        );
+        c.write_all(head.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_secs(4));
+    });
+    (up, silent)
+}
+
+/// A worker silent mid-stream for `--stream-idle-timeout-secs` (1 s here) failed: the stream
+/// ends with an error event naming the wait long before the request timeout, and the worker
+/// is charged with it.
+#[test]
+fn a_stream_silent_past_the_idle_timeout_is_a_worker_failure() {
+    let (up, silent) = silent_worker();
+    let gw = gateway::start(
+        Config {
+            listen: "127.0.0.1:0".into(),
+            workers: vec![format!("http://{up}")],
+            shards: Some(1),
+            admin_listen: String::new(),
+            health_check_interval_secs: 0,
+            stream_idle_timeout_secs: 1,
+            ..Config::default()
+        },
+        false,
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let r = post(gw.local_addr(), "/v1/chat/completions", &chat("hello", 10));
+    let took = t0.elapsed();
+    assert_eq!(r.status, 200);
+    let (text, error, done) = stream_text(&r.body);
+    assert_eq!(text, "hi");
+    assert!(error && done, "{}", r.text());
+    assert!(
+        r.text()
+            .contains("worker 0 sent nothing for 1 s mid-stream"),
+        "{}",
+        r.text()
+    );
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    let metrics = get(gw.local_addr(), "/metrics").text();
+    assert_eq!(
+        metric(
+            &metrics,
+            "kvroute_worker_errors_total{worker=\"0\",kind=\"stream_idle_timeout\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    loads_back_to_zero(&gw);
+    gw.shutdown();
+    silent.join().unwrap();
+}
+
 /// A lone worker's own 503 reaches the client as it is (no retry can go anywhere, none is
 /// counted); a stream cut by `--request-timeout-secs` ends with an error event and does not
 /// count against the worker's breaker.
@@ -805,20 +874,7 @@ fn a_lone_workers_503_and_the_request_timeout() {
     gw.shutdown();
 
     // A worker whose stream stops after its first event runs into the 2 s request timeout.
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let up = l.local_addr().unwrap();
-    let silent = std::thread::spawn(move || {
-        let (mut c, _) = l.accept().unwrap();
-        let mut tmp = [0u8; 4096];
-        let _ = c.read(&mut tmp);
-        let event = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
-        let head = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
-            event.len()
-        );
-        c.write_all(head.as_bytes()).unwrap();
-        std::thread::sleep(Duration::from_secs(4));
-    });
+    let (up, silent) = silent_worker();
     let gw = gateway::start(
         Config {
             listen: "127.0.0.1:0".into(),

@@ -13,6 +13,14 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Time allowed for one exchange with a worker, seconds (30 min: long generations stream that
 /// long); over → 504. Source: seed doc.
 pub const REQUEST_TIMEOUT_SECS: u64 = 1800;
+/// Longest silence of a worker once its response body began, s: over it, the worker counts
+/// as failed mid-stream (a breaker failure; the stream migrates with `--migration-limit`,
+/// else ends with an error event). Without it a wedged engine (a hung collective, a stopped
+/// process) holds its streams until `--request-timeout-secs`, 30 min, health checks or not.
+/// Source: nginx's `proxy_read_timeout`, 60 s (Envoy's `stream_idle_timeout` is 5 min); an
+/// engine streams a token every ~10–200 ms (TPOT), and a preempted request waits for a batch
+/// slot, not for a minute.
+pub const STREAM_IDLE_TIMEOUT_SECS: u64 = 60;
 /// Idle upstream keep-alive connections are closed after this, ms: below the 5 s idle timeout
 /// of uvicorn-served engines (vLLM, SGLang), so the pool never reuses a connection the engine
 /// is closing. Source: bug-cases.md B42.

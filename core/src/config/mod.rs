@@ -562,6 +562,9 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Time allowed per exchange with a worker, s ([`defaults::REQUEST_TIMEOUT_SECS`]).
     pub request_timeout_secs: u64,
+    /// Longest silence of a worker's response body once it began, s
+    /// ([`defaults::STREAM_IDLE_TIMEOUT_SECS`]).
+    pub stream_idle_timeout_secs: u64,
     /// Idle upstream connections close after this, ms ([`defaults::UPSTREAM_IDLE_TIMEOUT_MS`]).
     pub upstream_idle_timeout_ms: u64,
     /// Connect timeout to a worker, ms ([`defaults::CONNECT_TIMEOUT_MS`]).
@@ -662,6 +665,7 @@ impl Default for Config {
             tokenize_cache_tokens: defaults::TOKENIZE_CACHE_TOKENS,
             max_body_bytes: defaults::MAX_BODY_BYTES,
             request_timeout_secs: defaults::REQUEST_TIMEOUT_SECS,
+            stream_idle_timeout_secs: defaults::STREAM_IDLE_TIMEOUT_SECS,
             upstream_idle_timeout_ms: defaults::UPSTREAM_IDLE_TIMEOUT_MS,
             connect_timeout_ms: defaults::CONNECT_TIMEOUT_MS,
             load_poll_ms: defaults::LOAD_POLL_MS,
@@ -814,6 +818,7 @@ impl Config {
             ("cache_ttl_secs", self.cache_ttl_secs),
             ("max_body_bytes", self.max_body_bytes as u64),
             ("request_timeout_secs", self.request_timeout_secs),
+            ("stream_idle_timeout_secs", self.stream_idle_timeout_secs),
             ("upstream_idle_timeout_ms", self.upstream_idle_timeout_ms),
             ("connect_timeout_ms", self.connect_timeout_ms),
             ("dns_refresh_secs", self.dns_refresh_secs),
