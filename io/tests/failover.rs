@@ -940,6 +940,41 @@ fn attempts_on_a_worker_that_turns_unhealthy_move_on() {
     gw.shutdown();
 }
 
+/// Hung workers are checked side by side: three engines stopped at once are all out within
+/// the 3 failed checks of 1 s rounds (~3–4 s), where checks one worker at a time took a
+/// 1 s timeout per hung worker per round (~9 s).
+#[test]
+fn health_checks_of_hung_workers_run_side_by_side() {
+    let good = engine(MODEL);
+    let hung: Vec<_> = (0..3).map(|_| engine(MODEL)).collect();
+    let mut all: Vec<&EngineHandle> = hung.iter().collect();
+    all.push(&good);
+    let gw = gateway_for(&all, |c| {
+        c.health_check_interval_secs = 1;
+        c.health_check_timeout_secs = 1;
+    });
+    let stall = EngineFaults {
+        stall: true,
+        ..EngineFaults::default()
+    };
+    for e in &hung {
+        e.set_faults(stall.clone()).unwrap();
+    }
+    let t0 = Instant::now();
+    let out = |w: usize| !gw.shared().workers.get(w).unwrap().is_healthy();
+    assert!(
+        wait_until(Duration::from_secs(12), || (0..3).all(out)),
+        "not all out"
+    );
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    assert!(!out(3), "the good worker stays in");
+    for e in &hung {
+        e.set_faults(EngineFaults::default()).unwrap();
+    }
+    gw.shutdown();
+}
+
 /// Removing a worker that publishes KV events purges its blocks from the event index and
 /// cancels its subscription; its engine's later stores never reach the index (bug-cases.md
 /// B35).
