@@ -270,21 +270,42 @@ pub fn remove_worker(shared: &Shared, id: usize, wait: Duration) -> bool {
 
 /// SIGHUP: re-reads the config file at `path` and applies its worker list (see
 /// [`apply_workers`]). A file that does not read, parse or validate changes nothing and is
-/// logged.
-pub fn reload(shared: &Arc<Shared>, path: &std::path::Path) {
+/// logged. Other keys whose values differ from `running` (the config the router started
+/// with, flags included) are named in a warning: they wait for a restart.
+pub fn reload(shared: &Arc<Shared>, path: &std::path::Path, running: &Config) {
     let cfg = std::fs::read_to_string(path)
         .map_err(|e| e.to_string())
         .and_then(|text| Config::from_toml_str(&text).map_err(|e| e.to_string()))
         .and_then(|cfg| cfg.validate().map_err(|e| e.to_string()));
     match cfg {
-        Ok(cfg) => match apply_workers(shared, &cfg.workers) {
-            Ok((added, removed)) => {
-                tracing::info!(path = %path.display(), ?added, ?removed, "config reloaded")
+        Ok(cfg) => {
+            match apply_workers(shared, &cfg.workers) {
+                Ok((added, removed)) => {
+                    tracing::info!(path = %path.display(), ?added, ?removed, "config reloaded")
+                }
+                Err(e) => tracing::error!(path = %path.display(), error = %e, "reload failed"),
             }
-            Err(e) => tracing::error!(path = %path.display(), error = %e, "reload failed"),
-        },
+            let waiting = restart_only_changes(running, &cfg);
+            if !waiting.is_empty() {
+                tracing::warn!(path = %path.display(), keys = ?waiting, "reload applies only `workers`: these keys differ from the running config and wait for a restart");
+            }
+        }
         Err(e) => tracing::error!(path = %path.display(), error = %e, "reload: config refused"),
     }
+}
+
+/// The keys of `file` other than `workers` (the one a reload applies) whose values differ
+/// from `running`'s, in key order.
+pub fn restart_only_changes(running: &Config, file: &Config) -> Vec<String> {
+    let (Ok(serde_json::Value::Object(now)), Ok(serde_json::Value::Object(new))) =
+        (serde_json::to_value(running), serde_json::to_value(file))
+    else {
+        return Vec::new();
+    };
+    new.into_iter()
+        .filter(|(k, v)| k != "workers" && now.get(k) != Some(v))
+        .map(|(k, _)| k)
+        .collect()
 }
 
 /// Makes the static fleet the workers of `specs`: adds those whose URL is not present,
@@ -345,4 +366,29 @@ pub fn apply_workers(
 
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reload_names_the_keys_that_wait_for_a_restart() {
+        let running = Config {
+            workers: vec!["http://127.0.0.1:1".into()],
+            ..Config::default()
+        };
+        // A new worker is applied; the policy and a timeout are not.
+        let file = Config {
+            workers: vec!["http://127.0.0.1:1".into(), "http://127.0.0.1:2".into()],
+            policy: kvroute_core::config::PolicyKind::RoundRobin,
+            stream_idle_timeout_secs: 5,
+            ..running.clone()
+        };
+        assert_eq!(
+            restart_only_changes(&running, &file),
+            ["policy", "stream_idle_timeout_secs"]
+        );
+        assert!(restart_only_changes(&running, &running).is_empty());
+    }
 }

@@ -988,11 +988,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // The log format may come from the config file: logging starts once it is read.
     init_logging(cfg.log_format);
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+    let running = cfg.clone();
     let server = gateway::start(cfg, force_epoll)?;
     for sig in signals.forever() {
         if sig == SIGHUP {
             match &config_path {
-                Some(path) => gateway::reload(server.shared(), path),
+                Some(path) => gateway::reload(server.shared(), path, &running),
                 None => tracing::warn!("SIGHUP without --config: nothing to re-read"),
             }
             continue;
