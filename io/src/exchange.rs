@@ -116,13 +116,34 @@ impl Route {
     }
 }
 
-/// Counts one request that could not be parsed (it never reaches [`handle`]): its metrics
-/// and access-log line, as for every other request.
-pub fn reject(ctx: &ShardCtx, err: &ApiError, kind: &'static str, received: Instant) {
+/// Counts one request that could not be read (it never reaches [`handle`]): its metrics and
+/// access-log line, as for every other request. `req`: its head when that was read (a body
+/// refused: 413, 408), for the line's method, path and request id; returns the request id
+/// (the client's or a new one) for the answer's `x-request-id`, `None` without a head.
+pub fn reject(
+    ctx: &ShardCtx,
+    err: &ApiError,
+    kind: &'static str,
+    received: Instant,
+    req: Option<&Request>,
+) -> Option<String> {
     ctx.shared.metrics.on_bad_request(kind);
-    let mut rec = Record::new(&ctx.shared, "", "", "other", received, "");
+    let id = req.map(|r| request_id(&ctx.shared, r));
+    let (method, path, route) = req.map_or(("", "", "other"), |r| {
+        (r.method.as_str(), r.path(), Route::of(r.path()).label())
+    });
+    let mut rec = Record::new(
+        &ctx.shared,
+        method,
+        path,
+        route,
+        received,
+        id.as_deref().unwrap_or(""),
+    );
     rec.status = err.status;
     rec.error = Some(kind);
+    drop(rec);
+    id
 }
 
 /// Answers one request through `sink`. Every outcome is counted and logged once, by the

@@ -136,13 +136,17 @@ impl Drop for Record<'_> {
             return;
         }
         // Fields without a value are left out (README, Logs): a request refused before its
-        // model was read, or before a worker was chosen, has none.
-        let model = (!self.model.is_empty()).then(|| tracing::field::display(&self.model));
+        // head was read has no method, path or request id; before its model was read, or
+        // before a worker was chosen, none of those.
+        fn text(s: &str) -> Option<tracing::field::DisplayValue<&str>> {
+            (!s.is_empty()).then(|| tracing::field::display(s))
+        }
+        let model = text(&self.model);
         let branch = (!self.branch.is_empty()).then_some(self.branch);
         tracing::info!(
             target: "kvroute::access",
-            method = %self.method,
-            path = %self.path,
+            method = text(self.method),
+            path = text(self.path),
             status = self.status,
             model,
             worker = self.worker.map(tracing::field::display),
@@ -154,7 +158,7 @@ impl Drop for Record<'_> {
             retries = self.retries,
             migrations = self.migrations,
             error = self.error,
-            request_id = %self.request_id,
+            request_id = text(self.request_id),
             "request"
         );
     }

@@ -389,10 +389,21 @@ fn client_errors_431_413_400() {
     error_of(&r);
     let r = send_raw(
         addr,
-        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 4096\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nx-request-id: rid-413\r\ncontent-length: 4096\r\n\r\n",
     );
     assert_eq!(r.status, 413);
     error_of(&r);
+    // Its head was read: the answer and the request's record name it.
+    assert_eq!(r.header("x-request-id"), Some("rid-413"));
+    let metrics = get(addr, "/metrics").text();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kvroute_requests_total{")
+                && l.contains("route=\"/v1/completions\"")
+                && l.contains("status=\"413\"")),
+        "{metrics}"
+    );
     let chunked = format!(
         "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n800\r\n{}\r\n0\r\n\r\n",
         "a".repeat(2048)

@@ -12,7 +12,9 @@ use super::{ChunkedDecoder, Framing, RequestHead, parse_request_head};
 use crate::conn::{Conn, Transport};
 use crate::error::HttpError;
 use crate::exchange::{self, ShardCtx};
-use crate::message::{ApiError, BodyKind, HeaderLine, Request, ResponseSink, respond_error};
+use crate::message::{
+    ApiError, BodyKind, HeaderLine, REQUEST_ID_HEADER, Request, ResponseSink, respond_error,
+};
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -40,7 +42,7 @@ pub async fn serve_connection<S: Transport>(ctx: ShardCtx, mut client: Conn<S>) 
             Ok(Some(head)) => head,
             Ok(None) => return,
             Err(e) => {
-                reject(&ctx, &mut client, &e, received).await;
+                reject(&ctx, &mut client, &e, received, None).await;
                 return;
             }
         };
@@ -49,7 +51,8 @@ pub async fn serve_connection<S: Transport>(ctx: ShardCtx, mut client: Conn<S>) 
                 Ok(body) => body,
                 Err(BodyError::Closed) => return,
                 Err(BodyError::Http(e)) => {
-                    reject(&ctx, &mut client, &e, received).await;
+                    let req = to_request(head, Vec::new(), received);
+                    reject(&ctx, &mut client, &e, received, Some(&req)).await;
                     return;
                 }
             };
@@ -66,18 +69,24 @@ pub async fn serve_connection<S: Transport>(ctx: ShardCtx, mut client: Conn<S>) 
     }
 }
 
-/// Answers a request that could not be parsed (it never reaches the exchange, but is counted
-/// and logged like every other: [`exchange::reject`]) and closes.
+/// Answers a request that could not be read (it never reaches the exchange, but is counted
+/// and logged like every other: [`exchange::reject`]; `req`, its head when it was read) and
+/// closes.
 async fn reject<S: Transport>(
     ctx: &ShardCtx,
     client: &mut Conn<S>,
     e: &HttpError,
     received: Instant,
+    req: Option<&Request>,
 ) {
     let err = ApiError::new(e.status(), e.to_string());
     let mut sink = Http1Sink::new(client, false);
-    exchange::reject(ctx, &err, e.kind(), received);
-    let _ = respond_error(&mut sink, &err, &[]).await;
+    let id = exchange::reject(ctx, &err, e.kind(), received, req);
+    let extra: Vec<_> = id
+        .iter()
+        .map(|id| (REQUEST_ID_HEADER, id.as_bytes()))
+        .collect();
+    let _ = respond_error(&mut sink, &err, &extra).await;
 }
 
 /// A parsed head and its body as a neutral [`Request`] (moved, nothing parsed again:
