@@ -675,7 +675,8 @@ impl Metrics {
 
     /// A failed exchange with `worker` (id), `kind` one of `connect`, `first_byte_timeout`,
     /// `upstream`, `status_5xx` (any 5xx response head, retried or not), `upstream_body`,
-    /// `stream_idle_timeout`, `client_gone` (`kvroute_worker_errors_total`).
+    /// `stream_idle_timeout` (`kvroute_worker_errors_total`). A client that leaves is not
+    /// its worker's error: `kvroute_requests_total{status="0"}` counts it.
     pub fn on_worker_error(&self, worker: usize, kind: &str) {
         self.worker_errors
             .get_or_create(&vec![

@@ -498,10 +498,8 @@ async fn attempts(
             why = interrupt(sink, &worker, deadline) => match why {
                 // The client left while the worker prefilled: dropping `send` closes the
                 // worker connection, and the engine aborts the request (B41).
-                Interrupt::ClientGone => {
-                    shared.metrics.on_worker_error(worker.id, "client_gone");
-                    return Err(Stop::ClientGone);
-                }
+                // Not the worker's error: the request's status 0 counts it.
+                Interrupt::ClientGone => return Err(Stop::ClientGone),
                 // Health checks took the worker out while it held this attempt (a stopped
                 // engine): the attempt fails now, not at the first-byte timeout.
                 Interrupt::Unhealthy => Err(ProxyError::Upstream {
@@ -699,7 +697,6 @@ async fn proxy(
                 return;
             }
             RelayEnd::ClientGone => {
-                shared.metrics.on_worker_error(worker.id, "client_gone");
                 rec.error = Some("client_gone");
                 return;
             }

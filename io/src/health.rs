@@ -175,7 +175,7 @@ fn check(shared: &Shared, w: &Worker, timeout: Duration) {
     match w.record_health(p.healthy) {
         HealthChange::BecameHealthy => {
             shared.purge_worker(w.id);
-            tracing::info!(worker = w.id, url = %w.url, "worker healthy again: indexes purged, back in rotation");
+            tracing::info!(worker = w.id, url = %w.url, "worker healthy: indexes purged, in rotation");
         }
         HealthChange::BecameUnhealthy => {
             tracing::warn!(worker = w.id, url = %w.url, "worker unhealthy: out of rotation");

@@ -720,6 +720,18 @@ fn client_leaving_before_the_response_head_cancels_the_upstream_request_b41() {
         .workers
         .loads()
         == vec![0]));
+    // Counted as the client's (status 0), not as an error of the worker.
+    let metrics = get(gw.local_addr(), "/metrics").text();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kvroute_requests_total{") && l.contains("status=\"0\"")),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("kvroute_worker_errors_total{"),
+        "{metrics}"
+    );
     gw.shutdown();
 }
 
