@@ -38,7 +38,7 @@ use kvroute_core::workers::{LoadGuard, ModelStanding, Worker};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// What one shard hands to each exchange: the shared state, its upstream pool and its
@@ -389,6 +389,8 @@ struct Committed {
 enum Stop {
     /// The client left; nothing more to send.
     ClientGone,
+    /// The shutdown grace passed before a worker answered ([`Shared::cutting`]): 503.
+    Cut,
     /// No eligible worker is left: `None` when there never was one (503), else the last
     /// attempt's failure once retries were spent (502 / 504).
     NoWorker(Option<ProxyError>),
@@ -495,7 +497,7 @@ async fn attempts(
         let deadline = Instant::now() + settings.first_byte_timeout;
         let sent = monoio::select! {
             sent = send => sent,
-            why = interrupt(sink, &worker, deadline) => match why {
+            why = interrupt(sink, &worker, &shared.cutting, deadline) => match why {
                 // The client left while the worker prefilled: dropping `send` closes the
                 // worker connection, and the engine aborts the request (B41).
                 // Not the worker's error: the request's status 0 counts it.
@@ -510,6 +512,8 @@ async fn attempts(
                     worker: worker.id,
                     secs: settings.first_byte_timeout.as_secs(),
                 }),
+                // The shutdown grace passed: the router's end, not the worker's failure.
+                Interrupt::Cut => return Err(Stop::Cut),
             },
         };
         let now = shared.now_ms();
@@ -616,6 +620,12 @@ async fn proxy(
             rec.error = Some("client_gone");
             return;
         }
+        Err(Stop::Cut) => {
+            shared.cut.fetch_add(1, Ordering::SeqCst);
+            rec.error = Some("shutdown_cut");
+            let err = ApiError::new(503, "the router shut down before a worker answered");
+            return answer_error(sink, rec, &err, extra).await;
+        }
         Err(Stop::NoWorker(why)) => {
             let err = match why {
                 None => {
@@ -655,6 +665,7 @@ async fn proxy(
     let limits = relay::Limits {
         deadline: req.received + settings.request_timeout,
         idle: settings.stream_idle_timeout,
+        cutting: &shared.cutting,
     };
     let Committed {
         mut worker,
@@ -698,6 +709,21 @@ async fn proxy(
             }
             RelayEnd::ClientGone => {
                 rec.error = Some("client_gone");
+                return;
+            }
+            RelayEnd::Cut { sse } => {
+                tracing::warn!(worker = worker.id, request_id = %rec.request_id, "cut by the shutdown mid-stream");
+                shared.cut.fetch_add(1, Ordering::SeqCst);
+                rec.error = Some("shutdown_cut");
+                drop(guard);
+                sink.close_after();
+                if sse {
+                    let event = relay::sse_error_event(503, "the router shut down mid-stream");
+                    let (res, _) = sink.send_data(event).await;
+                    if res.is_ok() {
+                        let _ = sink.finish().await;
+                    }
+                }
                 return;
             }
             RelayEnd::TimedOut { sse } => {
@@ -801,15 +827,22 @@ enum Interrupt {
     Unhealthy,
     /// `--first-byte-timeout-secs` passed.
     TimedOut,
+    /// The shutdown grace passed ([`Shared::cutting`]).
+    Cut,
 }
 
 /// Resolves when the attempt waiting for its first byte must stop: at `deadline`, or, from
 /// [`defaults::CLIENT_WATCH_DELAY_MS`] on, once the client has gone or `worker` turned
-/// unhealthy. Until that delay this is one timer and nothing else: most answers come before
+/// unhealthy, or the shutdown grace passed (`cutting`). Until that delay this is one timer and nothing else: most answers come before
 /// it, and a watch of the client costs two io_uring operations. One timer where a timeout
 /// per upstream read, a client watch and a health watch were three: 46.9k → 45.0k
 /// instructions per proxied SSE request (callgrind, perf/runs/2026-12-03-lean-headers).
-async fn interrupt(sink: &impl ResponseSink, worker: &Worker, deadline: Instant) -> Interrupt {
+async fn interrupt(
+    sink: &impl ResponseSink,
+    worker: &Worker,
+    cutting: &AtomicBool,
+    deadline: Instant,
+) -> Interrupt {
     let watch_from = Instant::now() + Duration::from_millis(defaults::CLIENT_WATCH_DELAY_MS);
     if deadline <= watch_from {
         monoio::time::sleep_until(deadline.into()).await;
@@ -818,14 +851,21 @@ async fn interrupt(sink: &impl ResponseSink, worker: &Worker, deadline: Instant)
     monoio::time::sleep_until(watch_from.into()).await;
     monoio::select! {
         _ = sink.client_gone() => Interrupt::ClientGone,
-        _ = turned_unhealthy(worker) => Interrupt::Unhealthy,
+        why = out_of_play(worker, cutting) => why,
         _ = monoio::time::sleep_until(deadline.into()) => Interrupt::TimedOut,
     }
 }
 
-/// Resolves once `worker` is marked unhealthy (polled every [`HEALTH_WATCH_MS`]).
-async fn turned_unhealthy(worker: &Worker) {
-    while worker.is_healthy() {
+/// Resolves once `worker` is marked unhealthy or the shutdown grace passed (both polled every
+/// [`HEALTH_WATCH_MS`]).
+async fn out_of_play(worker: &Worker, cutting: &AtomicBool) -> Interrupt {
+    loop {
+        if cutting.load(Ordering::Relaxed) {
+            return Interrupt::Cut;
+        }
+        if !worker.is_healthy() {
+            return Interrupt::Unhealthy;
+        }
         monoio::time::sleep(Duration::from_millis(HEALTH_WATCH_MS)).await;
     }
 }

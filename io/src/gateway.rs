@@ -97,6 +97,8 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         shutting_down: AtomicBool::new(false),
+        cutting: AtomicBool::new(false),
+        cut: AtomicUsize::new(0),
         key_tap: Default::default(),
         sync,
     });

@@ -18,6 +18,7 @@ use crate::record::Record;
 use kvroute_core::workers::LoadGuard;
 use monoio::buf::IoBufMut;
 use monoio::io::AsyncReadRent;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How a relay ended.
@@ -48,11 +49,16 @@ pub enum RelayEnd {
         /// As for [`RelayEnd::UpstreamFailed`].
         sse: bool,
     },
+    /// The shutdown grace passed mid-body ([`Limits::cutting`]): the router's end too.
+    Cut {
+        /// As for [`RelayEnd::UpstreamFailed`].
+        sse: bool,
+    },
 }
 
 /// When a relay stops waiting for the worker.
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub struct Limits<'a> {
     /// The whole exchange's end (`--request-timeout-secs` after the request arrived):
     /// [`RelayEnd::TimedOut`].
     pub deadline: Instant,
@@ -60,6 +66,9 @@ pub struct Limits {
     /// [`RelayEnd::UpstreamFailed`] with `stalled`. Bounding the one read timeout each wait
     /// already has, it costs no timer of its own.
     pub idle: Duration,
+    /// Set once the shutdown grace has passed ([`crate::state::Shared::cutting`]): read
+    /// between two waits, [`RelayEnd::Cut`].
+    pub cutting: &'a AtomicBool,
 }
 
 /// Size of one relay read, in bytes.
@@ -178,7 +187,7 @@ pub async fn relay(
     upstream: &mut Conn,
     head: &ResponseHead,
     headers: &[HeaderLine<'_>],
-    limits: Limits,
+    limits: Limits<'_>,
     rec: &mut Record<'_>,
     tracker: Option<&mut StreamTracker>,
     load: Option<&LoadGuard>,
@@ -204,7 +213,7 @@ pub async fn relay_body(
     sink: &mut impl ResponseSink,
     upstream: &mut Conn,
     head: &ResponseHead,
-    limits: Limits,
+    limits: Limits<'_>,
     rec: &mut Record<'_>,
     mut tracker: Option<&mut StreamTracker>,
     mut load: Option<&LoadGuard>,
@@ -265,6 +274,9 @@ pub async fn relay_body(
         let left = limits.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return RelayEnd::TimedOut { sse };
+        }
+        if limits.cutting.load(Ordering::Relaxed) {
+            return RelayEnd::Cut { sse };
         }
         let wait = left.min(limits.idle);
         pending.clear();

@@ -60,7 +60,8 @@ impl Server {
             let _ = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(100));
             std::thread::sleep(Duration::from_millis(20));
         }
-        let cut = self.shared.in_flight.load(Ordering::SeqCst);
+        let cut =
+            self.shared.cut.load(Ordering::SeqCst) + self.shared.in_flight.load(Ordering::SeqCst);
         for t in self.threads.drain(..) {
             if t.is_finished() {
                 let _ = t.join();
@@ -313,12 +314,23 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         }
     }
     drop(listener);
-    // Exchanges in flight (on every shard) may finish within the grace.
+    // Exchanges in flight (on every shard) may finish within the grace; then those left end
+    // themselves (`Shared::cutting`), for at most CUT_WAIT more.
     let until = Instant::now() + shared.settings.shutdown_timeout;
     while shared.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < until {
         monoio::time::sleep(Duration::from_millis(20)).await;
     }
+    shared.cutting.store(true, Ordering::SeqCst);
+    let until = Instant::now() + CUT_WAIT;
+    while shared.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+        monoio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
+
+/// After the shutdown grace, how long exchanges still in flight have to end themselves
+/// cleanly (a stream at its next data, an attempt at its next health look, every 250 ms):
+/// 1 s. A stream whose worker sends nothing in that time is dropped with the runtime.
+const CUT_WAIT: Duration = Duration::from_secs(1);
 
 /// Answers a connection over the shard's limit with a 503 and closes it.
 async fn refuse(stream: monoio::net::TcpStream) {

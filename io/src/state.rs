@@ -134,6 +134,12 @@ pub struct Shared {
     pub started_unix_secs: u64,
     /// Set by a shutdown signal: readiness false, listeners closed, keep-alive ends.
     pub shutting_down: AtomicBool,
+    /// Set when the shutdown grace has passed: exchanges still in flight end themselves
+    /// (a stream with an error event at its next data, an attempt waiting for its first byte
+    /// with a 503), each logged and counted in `cut`.
+    pub cutting: AtomicBool,
+    /// Exchanges the shutdown cut (see `cutting`).
+    pub cut: AtomicUsize,
     /// Replica sync's shard side (`--nats`, [`crate::nats`]); `None`: off.
     pub sync: Option<Arc<crate::nats::SyncLink>>,
     /// Test hook: once set, every routed request's final [`RouteKey`] (after tokenization) is
@@ -145,6 +151,11 @@ impl Shared {
     /// True once a shutdown began.
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// True once the shutdown grace has passed (see `cutting`).
+    pub fn is_cutting(&self) -> bool {
+        self.cutting.load(Ordering::Relaxed)
     }
 
     /// Milliseconds on the router's time base (breakers, hash-index TTL).

@@ -702,6 +702,51 @@ fn shutdown_lets_streams_in_flight_finish() {
     assert_eq!(a.request_stats().requests_completed, 2);
 }
 
+/// Past the shutdown grace (1 s here) what is still in flight ends cleanly: a stream with an
+/// error event and `[DONE]`, an attempt still waiting for its first byte with a 503; both
+/// are counted as cut.
+#[test]
+fn shutdown_past_the_grace_cuts_cleanly() {
+    let streaming = engine(MODEL);
+    let stalled = engine(MODEL);
+    let gw = gateway_for(&[&streaming, &stalled], |c| c.shutdown_timeout_secs = 1);
+    // Stopped once the gateway counts it healthy (a stopped engine starts unhealthy).
+    stalled
+        .set_faults(EngineFaults {
+            stall: true,
+            ..EngineFaults::default()
+        })
+        .unwrap();
+    let addr = gw.local_addr();
+    // Round robin: the stream (~10 s of tokens) on worker 0, the completion on worker 1.
+    let long = serde_json::to_vec(&chat("a very long answer please", 4000)).unwrap();
+    let mut stream = open_post(addr, "/v1/chat/completions", &long);
+    let mut first = [0u8; 64];
+    assert!(stream.read(&mut first).unwrap() > 0);
+    let waiting = std::thread::spawn(move || post(addr, "/v1/completions", &completion(0, 4)));
+    let shared = gw.shared().clone();
+    assert!(wait_until(Duration::from_secs(2), || shared
+        .in_flight
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 2));
+    let t0 = Instant::now();
+    let stopper = std::thread::spawn(move || gw.shutdown());
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).unwrap();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.contains("the router shut down mid-stream"), "{rest}");
+    assert!(rest.contains("data: [DONE]"), "{rest}");
+    let r = waiting.join().unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.json()["error"]["message"],
+        "the router shut down before a worker answered"
+    );
+    assert_eq!(stopper.join().unwrap(), 2, "both cut");
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    stalled.set_faults(EngineFaults::default()).unwrap();
+}
+
 /// Bad input and slow clients get clear errors and the server keeps serving: a port another
 /// process holds, a head that never completes (408), too many connections (503).
 #[test]
