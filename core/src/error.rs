@@ -61,6 +61,17 @@ pub enum CoreError {
         /// The normalised URL.
         url: String,
     },
+    /// A worker's host resolves to the address of a present worker that is not draining
+    /// (`http://localhost:8000` and `http://127.0.0.1:8000`): one engine would count twice.
+    #[error("worker {url} resolves to {addr}, the address of worker {other}")]
+    SameAddress {
+        /// The new worker's URL as given.
+        url: String,
+        /// The address both resolve to.
+        addr: std::net::SocketAddr,
+        /// The present worker's id.
+        other: usize,
+    },
     /// A worker's `;api_key_env=VAR` names a variable that is unset or empty: its requests
     /// would go without the key it asked for (and a vLLM started with `--api-key` would
     /// answer each with 401).
@@ -132,6 +143,7 @@ impl CoreError {
             | CoreError::BadNats { .. }
             | CoreError::DuplicateWorker { .. }
             | CoreError::WorkerKeyUnset { .. }
+            | CoreError::SameAddress { .. }
             | CoreError::UnknownPolicy(_)
             | CoreError::BadKnob(_)
             | CoreError::AdminKeyRequired { .. } => "config",

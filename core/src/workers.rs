@@ -708,6 +708,8 @@ impl Workers {
     /// - [`CoreError::DuplicateWorker`] when a present worker has the same URL.
     /// - [`CoreError::WorkerKeyUnset`] when `spec.api_key_env` names an unset or empty
     ///   variable.
+    /// - [`CoreError::SameAddress`] ([`Workers::add_resolved`] only) when `addr` is a present
+    ///   worker's, one that is not draining.
     pub fn add(&self, spec: &WorkerSpec, healthy: bool) -> Result<usize, CoreError> {
         self.add_resolved(spec, None, healthy)
     }
@@ -727,6 +729,18 @@ impl Workers {
         let cur = self.slots.load_full();
         if self.by_url.load().contains_key(&url) {
             return Err(CoreError::DuplicateWorker { url });
+        }
+        if let Some(addr) = addr
+            && let Some(other) = cur
+                .iter()
+                .flatten()
+                .find(|w| w.addr == Some(addr) && !w.is_draining())
+        {
+            return Err(CoreError::SameAddress {
+                url: spec.url.clone(),
+                addr,
+                other: other.id,
+            });
         }
         let id = cur.len();
         let api_key = match &spec.api_key_env {
@@ -1223,15 +1237,46 @@ mod tests {
     }
 
     #[test]
+    fn a_second_url_for_a_present_address_is_refused_unless_that_worker_drains() {
+        let w = Workers::new(&[]).unwrap();
+        let addr: std::net::SocketAddr = "127.0.0.1:8000".parse().unwrap();
+        let spec = |url: &str| crate::config::parse_worker_spec(url).unwrap();
+        let first = w
+            .add_resolved(&spec("http://127.0.0.1:8000"), Some(addr), true)
+            .unwrap();
+        let e = w
+            .add_resolved(&spec("http://localhost:8000"), Some(addr), true)
+            .expect_err("refused");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "worker http://localhost:8000 resolves to 127.0.0.1:8000, the address of worker {first}"
+            )
+        );
+        // Another port is another engine; a draining worker is being replaced.
+        let other: std::net::SocketAddr = "127.0.0.1:8001".parse().unwrap();
+        assert!(
+            w.add_resolved(&spec("http://localhost:8001"), Some(other), true)
+                .is_ok()
+        );
+        w.drain(first);
+        assert!(
+            w.add_resolved(&spec("http://localhost:8000"), Some(addr), true)
+                .is_ok()
+        );
+    }
+
+    #[test]
     fn worker_api_key_from_env() {
         // PATH is set in every test environment; reading it needs no `set_var`.
         let path = std::env::var("PATH").unwrap();
         let w = Workers::new(&["http://a:1;api_key_env=PATH".into()]).unwrap();
         assert_eq!(w.get(0).unwrap().api_key.as_deref(), Some(path.as_str()));
         // An unset variable is an error naming it, not a worker without its key.
-        let e = Workers::new(&["http://a:1;api_key_env=KVROUTE_TEST_UNSET_VAR_XYZ".into()])
-            .err()
-            .expect("refused");
+        let Err(e) = Workers::new(&["http://a:1;api_key_env=KVROUTE_TEST_UNSET_VAR_XYZ".into()])
+        else {
+            panic!("refused");
+        };
         assert_eq!(
             e.to_string(),
             "worker http://a:1: api_key_env names KVROUTE_TEST_UNSET_VAR_XYZ, which is unset or empty"

@@ -318,6 +318,9 @@ pub fn admin_route(
                 Err(crate::error::GatewayError::Core(
                     kvroute_core::CoreError::DuplicateWorker { url },
                 )) => err(409, &format!("worker {url} is already in the fleet")),
+                Err(crate::error::GatewayError::Core(
+                    e @ kvroute_core::CoreError::SameAddress { .. },
+                )) => err(409, &e.to_string()),
                 Err(e) => err(400, &e.to_string()),
             }
         }

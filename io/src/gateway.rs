@@ -345,6 +345,11 @@ pub fn apply_workers(
             source,
         })?;
     }
+    // Drained first: a new URL for the same engine (`localhost` for `127.0.0.1`) is then
+    // not refused for the address of the worker it replaces.
+    for &id in &gone {
+        shared.workers.drain(id);
+    }
     let mut added = Vec::new();
     for spec in new {
         added.push(add_worker(
@@ -354,7 +359,6 @@ pub fn apply_workers(
         )?);
     }
     for &id in &gone {
-        shared.workers.drain(id);
         let shared = shared.clone();
         let wait = shared.settings.shutdown_timeout;
         std::thread::Builder::new()
