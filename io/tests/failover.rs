@@ -823,6 +823,20 @@ fn every_5xx_answer_counts_as_a_worker_error() {
     gw.shutdown();
 }
 
+/// A one-shard gateway in front of the worker at `up` alone, health checks off.
+fn gateway_on(up: SocketAddr, tweak: impl FnOnce(&mut Config)) -> Server {
+    let mut cfg = Config {
+        listen: "127.0.0.1:0".into(),
+        workers: vec![format!("http://{up}")],
+        shards: Some(1),
+        admin_listen: String::new(),
+        health_check_interval_secs: 0,
+        ..Config::default()
+    };
+    tweak(&mut cfg);
+    gateway::start(cfg, false).unwrap()
+}
+
 /// A worker that sends one SSE event, then nothing for 4 s (a wedged engine), then closes.
 fn silent_worker() -> (SocketAddr, std::thread::JoinHandle<()>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -848,19 +862,7 @@ fn silent_worker() -> (SocketAddr, std::thread::JoinHandle<()>) {
 #[test]
 fn a_stream_silent_past_the_idle_timeout_is_a_worker_failure() {
     let (up, silent) = silent_worker();
-    let gw = gateway::start(
-        Config {
-            listen: "127.0.0.1:0".into(),
-            workers: vec![format!("http://{up}")],
-            shards: Some(1),
-            admin_listen: String::new(),
-            health_check_interval_secs: 0,
-            stream_idle_timeout_secs: 1,
-            ..Config::default()
-        },
-        false,
-    )
-    .unwrap();
+    let gw = gateway_on(up, |c| c.stream_idle_timeout_secs = 1);
     let t0 = Instant::now();
     let r = post(gw.local_addr(), "/v1/chat/completions", &chat("hello", 10));
     let took = t0.elapsed();
@@ -920,19 +922,7 @@ fn a_lone_workers_503_and_the_request_timeout() {
 
     // A worker whose stream stops after its first event runs into the 2 s request timeout.
     let (up, silent) = silent_worker();
-    let gw = gateway::start(
-        Config {
-            listen: "127.0.0.1:0".into(),
-            workers: vec![format!("http://{up}")],
-            shards: Some(1),
-            admin_listen: String::new(),
-            health_check_interval_secs: 0,
-            request_timeout_secs: 2,
-            ..Config::default()
-        },
-        false,
-    )
-    .unwrap();
+    let gw = gateway_on(up, |c| c.request_timeout_secs = 2);
     let t0 = Instant::now();
     let r = post(gw.local_addr(), "/v1/chat/completions", &chat("hello", 10));
     assert_eq!(r.status, 200);
