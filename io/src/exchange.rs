@@ -716,31 +716,18 @@ async fn proxy(
                 shared.cut.fetch_add(1, Ordering::SeqCst);
                 rec.error = Some("shutdown_cut");
                 drop(guard);
-                sink.close_after();
-                if sse {
-                    let event = relay::sse_error_event(503, "the router shut down mid-stream");
-                    let (res, _) = sink.send_data(event).await;
-                    if res.is_ok() {
-                        let _ = sink.finish().await;
-                    }
-                }
+                end_mid_stream(sink, sse, 503, "the router shut down mid-stream").await;
                 return;
             }
             RelayEnd::TimedOut { sse } => {
                 tracing::warn!(worker = worker.id, request_id = %rec.request_id, secs = settings.request_timeout.as_secs(), "request timeout mid-stream");
                 rec.error = Some("request_timeout");
                 drop(guard);
-                sink.close_after();
-                if sse {
-                    let msg = format!(
-                        "request exceeded --request-timeout-secs ({} s)",
-                        settings.request_timeout.as_secs()
-                    );
-                    let (res, _) = sink.send_data(relay::sse_error_event(504, &msg)).await;
-                    if res.is_ok() {
-                        let _ = sink.finish().await;
-                    }
-                }
+                let msg = format!(
+                    "request exceeded --request-timeout-secs ({} s)",
+                    settings.request_timeout.as_secs()
+                );
+                end_mid_stream(sink, sse, 504, &msg).await;
                 return;
             }
             RelayEnd::UpstreamFailed { sse, stalled } => {
@@ -796,17 +783,24 @@ async fn proxy(
                 }
                 drop(guard);
                 rec.error = Some(kind);
-                sink.close_after();
-                if sse {
-                    // The client gets a clean end: an OpenAI-style error event, then [DONE].
-                    let event = relay::sse_error_event(502, &what);
-                    let (res, _) = sink.send_data(event).await;
-                    if res.is_ok() {
-                        let _ = sink.finish().await;
-                    }
-                }
+                end_mid_stream(sink, sse, 502, &what).await;
                 return;
             }
+        }
+    }
+}
+
+/// Ends a response cut mid-body: the connection closes after it, and an SSE stream (`sse`)
+/// first gets a clean end, an OpenAI-style error event with `status` and `message`, then
+/// `[DONE]` ([`relay::sse_error_event`]).
+async fn end_mid_stream(sink: &mut impl ResponseSink, sse: bool, status: u16, message: &str) {
+    sink.close_after();
+    if sse {
+        let (res, _) = sink
+            .send_data(relay::sse_error_event(status, message))
+            .await;
+        if res.is_ok() {
+            let _ = sink.finish().await;
         }
     }
 }
@@ -832,9 +826,10 @@ enum Interrupt {
 }
 
 /// Resolves when the attempt waiting for its first byte must stop: at `deadline`, or, from
-/// [`defaults::CLIENT_WATCH_DELAY_MS`] on, once the client has gone or `worker` turned
-/// unhealthy, or the shutdown grace passed (`cutting`). Until that delay this is one timer and nothing else: most answers come before
-/// it, and a watch of the client costs two io_uring operations. One timer where a timeout
+/// [`defaults::CLIENT_WATCH_DELAY_MS`] on, once the client has gone, `worker` turned
+/// unhealthy or the shutdown grace passed (`cutting`). Until that delay this is one timer
+/// and nothing else: most answers come before it, and a watch of the client costs two
+/// io_uring operations. One timer where a timeout
 /// per upstream read, a client watch and a health watch were three: 46.9k → 45.0k
 /// instructions per proxied SSE request (callgrind, perf/runs/2026-12-03-lean-headers).
 async fn interrupt(

@@ -153,11 +153,6 @@ impl Shared {
         self.shutting_down.load(Ordering::Relaxed)
     }
 
-    /// True once the shutdown grace has passed (see `cutting`).
-    pub fn is_cutting(&self) -> bool {
-        self.cutting.load(Ordering::Relaxed)
-    }
-
     /// Milliseconds on the router's time base (breakers, hash-index TTL).
     pub fn now_ms(&self) -> u64 {
         self.router.now_ms()

@@ -1499,26 +1499,8 @@ mod tests {
             text.push_str(" and the next section of it with more words");
             let body = json!({"messages": [{"role": "user", "content": text}]});
             let raw = serde_json::to_vec(&body).unwrap();
-            let cached = parse_gen_raw(
-                tok(),
-                Some(&inc),
-                0,
-                defaults::MAX_MODEL_LEN,
-                Api::Chat,
-                &body,
-                &raw,
-            )
-            .unwrap();
-            let full = parse_gen_raw(
-                tok(),
-                None,
-                0,
-                defaults::MAX_MODEL_LEN,
-                Api::Chat,
-                &body,
-                &raw,
-            )
-            .unwrap();
+            let cached = parse_chat_raw(Some(&inc), &body, &raw);
+            let full = parse_chat_raw(None, &body, &raw);
             assert_eq!(cached.prompt, full.prompt, "turn {turn}");
         }
         assert!(
@@ -1532,16 +1514,7 @@ mod tests {
         let body = json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
             "messages": [{"role": "user", "content": "Hello"}]});
         let raw = serde_json::to_vec(&body).unwrap();
-        let with_tools = parse_gen_raw(
-            tok(),
-            None,
-            0,
-            defaults::MAX_MODEL_LEN,
-            Api::Chat,
-            &body,
-            &raw,
-        )
-        .unwrap();
+        let with_tools = parse_chat_raw(None, &body, &raw);
         let plain = parse_gen(
             tok(),
             Api::Chat,
@@ -1612,6 +1585,24 @@ mod tests {
         ] {
             assert!(parse_gen(tok(), api, &bad).is_err(), "{bad}");
         }
+    }
+
+    /// [`parse_gen_raw`] of a chat with engine seed 0 at the default context length.
+    fn parse_chat_raw(
+        chat_ids: Option<&std::sync::Mutex<IncrementalTokenizer>>,
+        body: &Value,
+        raw: &[u8],
+    ) -> GenRequest {
+        parse_gen_raw(
+            tok(),
+            chat_ids,
+            0,
+            defaults::MAX_MODEL_LEN,
+            Api::Chat,
+            body,
+            raw,
+        )
+        .unwrap()
     }
 
     #[test]
