@@ -299,13 +299,10 @@ fn stalled_and_503_workers_are_retried_elsewhere() {
 /// by id only; nothing left in flight.
 #[test]
 fn refused_everywhere_is_a_502_after_the_budget() {
-    let dead: Vec<SocketAddr> = (0..3)
-        .map(|_| {
-            TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-        })
+    // Port 1 of three loopback addresses: nothing listens there, and no other test's
+    // server can take it (bind(0) never hands out port 1), as it could a freed port.
+    let dead: Vec<SocketAddr> = (1..=3)
+        .map(|i| format!("127.0.0.{i}:1").parse().unwrap())
         .collect();
     let mut cfg = Config {
         listen: "127.0.0.1:0".into(),
@@ -325,7 +322,7 @@ fn refused_everywhere_is_a_502_after_the_budget() {
     let e = r.json();
     assert_eq!(e["error"]["type"], "upstream_error");
     for a in &dead {
-        assert!(!r.text().contains(&a.port().to_string()), "{}", r.text());
+        assert!(!r.text().contains(&a.to_string()), "{}", r.text());
     }
     loads_back_to_zero(&gw);
     gw.shutdown();

@@ -487,10 +487,10 @@ fn invalid_chat_bodies_are_refused_named_and_counted() {
 
 #[test]
 fn worker_errors_502_and_504() {
-    // 502: nothing listens on the worker's port.
-    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead: SocketAddr = closed.local_addr().unwrap();
-    drop(closed);
+    // 502: nothing listens on the worker's port. Port 1 (tcpmux), not a port bound and
+    // dropped: tests run side by side, and another one's server (a gateway answering 503)
+    // can take a freed ephemeral port; bind(0) never hands out port 1.
+    let dead: SocketAddr = "127.0.0.1:1".parse().unwrap();
     let gw = gateway_for(
         vec![format!("http://{dead}")],
         PolicyKind::RoundRobin,
