@@ -42,10 +42,10 @@ pub const LOAD_POLL_MS: u64 = 0;
 /// |---|---|---|---|---|
 /// | Mooncake ×8 | predicted_ttft | 36.2 (37.4) | 1,772 | 1.15 |
 /// | | smg_cache_aware | 36.4 | 2,462 | 1.05 |
-/// | | dynamo_kv | 22.8 | 2,017 | 1.04 |
+/// | | dynamo_kv | 24.5 | 2,048 | 1.08 |
 /// | Mooncake ×1 | predicted_ttft | 36.5 | 1,576 | 1.04 |
 /// | | smg_cache_aware | 36.5 | 1,691 | 1.03 |
-/// | | dynamo_kv | 29.9 | 1,586 | 1.04 |
+/// | | dynamo_kv | 29.8 | 1,578 | 1.02 |
 /// | WEKA, 12 conversations | predicted_ttft | 95.3 (95.5) | 3,856 | 1.73 |
 /// | | smg_cache_aware | 90.4 | 17,465 | 2.42 |
 /// | | dynamo_kv | 94.2 | 3,856 | 2.30 |

@@ -6,14 +6,21 @@
 //! decay_w   = 1 / (1 + credit_decay × excess_w / request_blocks)        (1 when decay = 0)
 //! credit_w  = credit × decay_w × overlap_blocks_w
 //! prefill_w = max(0, (prefill_tokens_w + request_tokens) / block_size − credit_w)
-//! cost_w    = prefill_load_scale × prefill_w + decode_blocks_w + decode_active_request_weight × requests_w
+//! added_w   = request_full_blocks − live_head_w
+//! cost_w    = prefill_load_scale × prefill_w + decode_blocks_w + added_w
+//!           + decode_active_request_weight × requests_w
 //! ```
 //!
 //! `prefill_tokens_w` is the new prefill booked on `w` and not yet past its first token
 //! (Dynamo's active prefill tokens with `router_assume_kv_reuse`), `decode_blocks_w` its
-//! unique active blocks ([`crate::load::active`]). The blocks this request adds are the same
-//! on every worker under Dynamo's defaults (`router_track_output_blocks` off) and never move
-//! the argmin (E3), so they are left out. Overlaps are blocks of the event index's size; the
+//! unique active blocks ([`crate::load::active`]). `added_w` is what the request adds to
+//! them: its full blocks less the head that a request live on `w` already holds
+//! ([`super::LivePaths::live_head`]). Dynamo's "potential blocks" are exactly that
+//! (`ActiveSequences`: active blocks + the query's blocks past its matched depth in the
+//! worker's active prompts), so a worker decoding the same prefix now pays less; only
+//! without live requests sharing anything is the term the same on every worker (anchors.md
+//! E3). A request without block keys (text mode) adds nothing, as Dynamo's does without a
+//! token sequence. Overlaps are blocks of the event index's size; the
 //! host and disk weights apply to offloaded tiers, which the event index does not yet tell
 //! apart in a match (every matched block counts as device). Selection: argmin with random
 //! ties, or with `router_temperature` T > 0 a softmax over costs
@@ -99,8 +106,10 @@ pub fn costs(
             let credit = p.credit * decay * (ov.tokens(w) as f64 / bs);
             let prefill = ((booked(w) + req.prompt_tokens as f64) / bs - credit).max(0.0);
             let wl = snap.load(w);
+            let live = snap.live.map_or(0, |l| l.live_head(w, &req.block_keys));
+            let added = req.block_keys.len().saturating_sub(live);
             let cost = p.prefill_load_scale * prefill
-                + wl.active.decode_blocks as f64
+                + (wl.active.decode_blocks as usize + added) as f64
                 + p.decode_active_request_weight * wl.requests as f64;
             (w, cost)
         })

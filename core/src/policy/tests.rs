@@ -731,6 +731,45 @@ fn e3_dynamo_decay_and_the_deprecated_weight() {
     assert_eq!(k.kv_credit_and_scale(), (0.5, 2.5));
 }
 
+/// Dynamo's potential blocks: a 10-block request, no cached overlap; W0 decodes 4 blocks, W1
+/// none. Without live requests both add all 10: costs 10 + 4 + 10 = 24 and 10 + 0 + 10 = 20,
+/// W1 wins. With live requests on W0 holding the request's first 6 blocks, W0 adds only 4:
+/// cost 18 < 20, W0 wins. A request without block keys (text mode) adds nothing: 14 and 10.
+#[test]
+fn dynamo_potential_blocks_count_the_live_head() {
+    let workers = loads_with(&[4, 0], &[0, 0]);
+    let eligible = [0, 1];
+    let key = RouteKey::default();
+    let mut req = request_of(&key, 160);
+    req.block_keys = (0..10u64).collect();
+    let ov = event_overlaps(&[0, 0], 160);
+    let live = SharedOn(0, 6);
+    let p = KvParams::dynamo();
+    let run = |snap: &Snapshot, req: &Request| {
+        let c: Vec<f64> = kv_aware::costs(&p, snap, req, &ov)
+            .into_iter()
+            .map(|c| c.1)
+            .collect();
+        (
+            c,
+            kv_aware::decide(&p, snap, req, &ov, &mut rand::rng()).worker,
+        )
+    };
+    assert_eq!(
+        run(&snap_of(&workers, &eligible), &req),
+        (vec![24.0, 20.0], 1)
+    );
+    let with_live = Snapshot {
+        live: Some(&live),
+        ..snap_of(&workers, &eligible)
+    };
+    assert_eq!(run(&with_live, &req), (vec![18.0, 20.0], 0));
+    assert_eq!(
+        run(&with_live, &request_of(&key, 160)),
+        (vec![14.0, 10.0], 1)
+    );
+}
+
 /// E9 (SMG's expected wait): A 4,000 queued tokens at KV 0.5 → 2.15 s; B 1,000 queued + 500
 /// since the poll at KV 0.9 → 2.10 s: B wins; with 1,200 since the poll B loses (2.45 s).
 #[test]
