@@ -256,13 +256,19 @@ pub async fn respond(
     res.is_ok() && sink.finish().await.is_ok()
 }
 
-/// Writes `err` as an OpenAI-shaped JSON error response.
+/// Writes `err` as an OpenAI-shaped JSON error response; a 503 carries `Retry-After`
+/// ([`crate::error::RETRY_AFTER_SECS`]).
 pub async fn respond_error(
     sink: &mut impl ResponseSink,
     err: &ApiError,
     extra: &[HeaderLine<'_>],
 ) -> bool {
-    respond(sink, err.status, "application/json", extra, err.body()).await
+    if err.status != 503 {
+        return respond(sink, err.status, "application/json", extra, err.body()).await;
+    }
+    let mut headers = extra.to_vec();
+    headers.push(("retry-after", crate::error::RETRY_AFTER_SECS.as_bytes()));
+    respond(sink, err.status, "application/json", &headers, err.body()).await
 }
 
 #[cfg(test)]

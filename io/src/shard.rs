@@ -337,8 +337,9 @@ async fn refuse(stream: monoio::net::TcpStream) {
     let mut conn = crate::conn::Conn::new(stream);
     let body = crate::error::error_body(503, "too many connections");
     let mut out = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\nretry-after: 1\r\n\r\n",
-        body.len()
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\nretry-after: {}\r\n\r\n",
+        body.len(),
+        crate::error::RETRY_AFTER_SECS
     )
     .into_bytes();
     out.extend_from_slice(&body);

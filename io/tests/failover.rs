@@ -735,6 +735,7 @@ fn shutdown_past_the_grace_cuts_cleanly() {
     assert!(rest.contains("data: [DONE]"), "{rest}");
     let r = waiting.join().unwrap();
     assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(
         r.json()["error"]["message"],
         "the router shut down before a worker answered"
@@ -782,7 +783,9 @@ fn port_in_use_slow_clients_and_connection_limits() {
     third
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
-    assert_eq!(read_response(&mut third).status, 503);
+    let refused = read_response(&mut third);
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.header("retry-after"), Some("1"));
     drop(idle);
     assert!(wait_until(Duration::from_secs(3), || get(addr, "/health")
         .status

@@ -507,6 +507,27 @@ fn worker_errors_502_and_504() {
     assert_eq!(r.header("x-kvroute-worker"), None);
     assert!(!r.text().contains(&dead.to_string()), "{}", r.text());
     assert_eq!(gw.shared().workers.loads(), vec![0]);
+    // Its breaker opens at the third failure; then no worker is eligible: 503, with
+    // `Retry-After` for the client's retry.
+    for _ in 1..kvroute_core::config::defaults::BREAKER_FAILURE_THRESHOLD {
+        let r = post(
+            gw.local_addr(),
+            "/v1/completions",
+            &json!({"model": "m", "prompt": "x"}),
+        );
+        assert_eq!(r.status, 502, "{}", r.text());
+    }
+    let r = post(
+        gw.local_addr(),
+        "/v1/completions",
+        &json!({"model": "m", "prompt": "x"}),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        error_of(&r)["error"]["message"],
+        "no healthy worker serves model `m`"
+    );
+    assert_eq!(r.header("retry-after"), Some("1"));
     gw.shutdown();
     // 504: the worker accepts and never answers.
     let hang = TcpListener::bind("127.0.0.1:0").unwrap();
