@@ -194,30 +194,14 @@ pub async fn handle(ctx: &ShardCtx, req: Request, sink: &mut impl ResponseSink) 
                 200,
                 "application/json",
                 &extra,
-                br#"{"status":"ok"}"#.to_vec(),
+                crate::admin::HEALTH_BODY.to_vec(),
             )
             .await;
         }
         Route::Readiness => {
-            let (status, body) = if shared.is_ready() {
-                (200, r#"{"status":"ready"}"#)
-            } else if shared.is_shutting_down() {
-                (503, r#"{"status":"shutting_down"}"#)
-            } else {
-                (
-                    503,
-                    r#"{"status":"not_ready","reason":"a model has no eligible worker"}"#,
-                )
-            };
+            let (status, body) = shared.readiness();
             rec.status = status;
-            respond(
-                sink,
-                status,
-                "application/json",
-                &extra,
-                body.as_bytes().to_vec(),
-            )
-            .await;
+            respond(sink, status, "application/json", &extra, body).await;
         }
         Route::Metrics => {
             let format = Format::negotiate(req.header("accept"));

@@ -158,23 +158,41 @@ impl Shared {
         self.router.now_ms()
     }
 
-    /// True when every model some worker serves has an eligible worker, and no shutdown is
-    /// under way (`/readiness`). A fleet whose models are not known yet is ready when any
-    /// worker is available.
-    pub fn is_ready(&self) -> bool {
+    /// `GET /readiness` (on the traffic port and the admin port): `(status, JSON body)`.
+    ///
+    /// | state | answer |
+    /// |---|---|
+    /// | a shutdown under way | 503 `{"status":"shutting_down"}` |
+    /// | no worker available (healthy, breaker closed or half-open, not draining) | 503 `{"status":"not_ready","reason":"no eligible worker"}` |
+    /// | else | 200 `{"status":"ready","models_without_worker":[..]}`: the models some worker serves that no available worker does (sorted; empty when all are served) |
+    ///
+    /// One model's outage does not make the router unready: every replica of a router tier
+    /// sees the same workers, so they would all leave the Service together and take the
+    /// models still served with them (SMG's readiness is likewise "any healthy worker").
+    /// Requests for such a model get 503 with `Retry-After`.
+    pub fn readiness(&self) -> (u16, Vec<u8>) {
         if self.is_shutting_down() {
-            return false;
+            return (503, br#"{"status":"shutting_down"}"#.to_vec());
         }
         let now = self.now_ms();
         let workers = self.workers.iter();
         let available: Vec<_> = workers.iter().filter(|w| w.is_available(now)).collect();
         if available.is_empty() {
-            return false;
+            let body = serde_json::json!({"status": "not_ready", "reason": "no eligible worker"});
+            return (503, body.to_string().into_bytes());
         }
-        workers
+        let unserved: std::collections::BTreeSet<String> = workers
             .iter()
             .flat_map(|w| w.models())
-            .all(|m| available.iter().any(|w| w.serves(&m)))
+            .filter(|m| !available.iter().any(|w| w.serves(m)))
+            .collect();
+        let body = serde_json::json!({"status": "ready", "models_without_worker": unserved});
+        (200, body.to_string().into_bytes())
+    }
+
+    /// True when [`Shared::readiness`] answers 200.
+    pub fn is_ready(&self) -> bool {
+        self.readiness().0 == 200
     }
 
     /// Forgets worker `id` in every index: the approximate trees and, when it has one, its

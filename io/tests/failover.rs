@@ -669,6 +669,51 @@ fn admin_api_adds_drains_removes_and_re_adds() {
     gw.shutdown();
 }
 
+/// The probes answer on the admin port without its key, as on the traffic port (a saturated
+/// traffic port cannot starve them there). Readiness stays 200 while one of two models has no
+/// worker, naming it (its requests get 503 with `Retry-After`), and turns 503 once no worker
+/// is available.
+#[test]
+fn probes_on_the_admin_port_and_readiness_with_a_model_down() {
+    let a = engine(MODEL);
+    let gw = gateway_for(&[&a], |c| {
+        c.admin_api_key = Some("adm".into());
+        c.workers.push("http://127.0.0.1:1;model=other".into());
+    });
+    let ports = [gw.local_addr(), gw.admin_addr().unwrap()];
+    for addr in ports {
+        let r = get(addr, "/readiness");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(
+            r.json(),
+            json!({"status": "ready", "models_without_worker": ["other"]})
+        );
+        assert_eq!(get(addr, "/liveness").json(), json!({"status": "ok"}));
+        assert_eq!(get(addr, "/health").status, 200);
+    }
+    assert_eq!(admin(&gw, "GET", "/workers", "", None).status, 401);
+    let r = post(
+        gw.local_addr(),
+        "/v1/completions",
+        &json!({"model": "other", "prompt": "x"}),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(
+        admin(&gw, "POST", "/workers/0/drain", "", Some("adm")).status,
+        200
+    );
+    for addr in ports {
+        let r = get(addr, "/readiness");
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert_eq!(
+            r.json(),
+            json!({"status": "not_ready", "reason": "no eligible worker"})
+        );
+    }
+    gw.shutdown();
+}
+
 /// SIGTERM's path: readiness turns false, streams in flight finish, new connections are
 /// refused, and nothing is cut.
 #[test]
