@@ -35,6 +35,7 @@
 //! | a removal naming a group no store named (and no kind) | not applied (`non_prefix_removals`): none of our copies is from it | — |
 //! | a GPU store of a block already held on GPU (same stream) | one more copy (`copies`); the index itself is unchanged | vLLM `BlockHashToBlockMap`: "we don't de-duplicate the blocks in the cache"; one store per full-attention group |
 //! | a GPU removal of a block with several copies | one copy fewer (`copies_kept`); the block leaves with its last copy | same; supersedes anchors §3.4 "duplicate stores are no-ops" (Dynamo), which drops a block another copy still holds |
+//! | a batch whose `data_parallel_rank` / `attn_dp_rank` is not its socket's rank | applied under the socket's rank, counted (`rank_mismatches`): the socket (configured port + r) says which rank published it, and the index never learns a rank the config does not have, so no request targets it | B36 (Dynamo #5001: every pod launched with DP start rank 0 labels its batches, not its ports, wrongly) |
 //! | during an orphan relearn | stores and removals of blocks held when it began change nothing (history already applied) | B39 with copies |
 
 pub mod decode;

@@ -456,6 +456,43 @@ fn live_removal_during_replay_never_resurrects_a_removed_block() {
     ix.check_invariants().unwrap();
 }
 
+/// B36: a batch that names a DP rank other than its socket's (a pod launched with the wrong
+/// DP start rank) is counted and applied under the socket's rank; no stream of the named
+/// rank appears, so no request is sent to a rank that does not exist.
+#[test]
+fn a_batch_naming_another_dp_rank_counts_under_its_sockets_rank() {
+    let mut c = Consumer::new();
+    let mut ix = EventIndex::new(16);
+    let rank1 = StreamId { worker: 0, rank: 1 };
+    let a = toks(0..32);
+    c.handle(
+        &mut ix,
+        rank1,
+        Input::Live {
+            seq: 0,
+            payload: &batch(vec![store(&[1, 2], None, &a, 16)], 5),
+        },
+    );
+    c.handle(
+        &mut ix,
+        rank1,
+        Input::Live {
+            seq: 1,
+            payload: &batch(vec![store(&[3], Some(2), &toks(32..48), 16)], 1),
+        },
+    );
+    let st = ix.stats_mut(rank1).clone();
+    assert_eq!((st.rank_mismatches, st.batches), (1, 2));
+    let keys = chain_keys(None, &toks(0..48), 16);
+    let found: Vec<(StreamId, usize)> = ix
+        .find_matches(&keys)
+        .iter()
+        .map(|m| (m.stream, m.blocks))
+        .collect();
+    assert_eq!(found, vec![(rank1, 3)]);
+    ix.check_invariants().unwrap();
+}
+
 /// A malformed batch is dropped and counted; the stream goes on.
 #[test]
 fn malformed_batch_is_counted_and_the_stream_continues() {
