@@ -1573,6 +1573,62 @@ mod calibration_tests {
         );
     }
 
+    /// B8 (bug-cases.md, Infera #103): 448 sessions arrive one at a time on 2 engines, each
+    /// finished before the next (nothing is ever in flight at a decision), sharing a 2-block
+    /// system prompt with a 12-block unique body (14 × 512 tokens). Once the warm engine's
+    /// memory is full of other sessions' blocks, new sessions go to the other engine: the
+    /// default policy puts at most 75 % of them on either (224 / 224 when written), where
+    /// `dynamo_kv` puts all 448 on one.
+    #[test]
+    fn b8_paced_sessions_do_not_pile_on_the_warm_engine() {
+        let records: Vec<TraceRecord> = (0..448u64)
+            .map(|s| TraceRecord {
+                timestamp_ms: s * 5_000,
+                input_length: 14 * 512,
+                output_length: 20,
+                hash_ids: (0..2).chain((0..12).map(|j| 1_000 + s * 100 + j)).collect(),
+            })
+            .collect();
+        let run = |name: &str| {
+            let r: Run = name.parse().unwrap();
+            let cfg = SimConfig {
+                engines: 2,
+                engine: EngineConfig {
+                    // ~11 sessions of 448 blocks each.
+                    num_gpu_blocks: 5_000,
+                    ..EngineConfig::default()
+                },
+                router: Config {
+                    policy: r.policy,
+                    load_poll_ms: 1_000,
+                    ..Config::default()
+                },
+                routing: r.routing,
+                time_scale: 1.0,
+                seed: DEFAULT_SEED,
+                event_delay_ms: DEFAULT_EVENT_DELAY_MS,
+                replicas: 1,
+                sync_delay_ms: None,
+                spread_secs: DEFAULT_SPREAD_SECS,
+                wire_events: false,
+                engine_speedups: Vec::new(),
+            };
+            simulate(&Trace::mooncake(records.clone()), &prompts(), &cfg).unwrap()
+        };
+        let most = |name: &str| {
+            let rep = run(name);
+            assert_eq!(rep.replay.ok, 448, "{name}");
+            let most = rep.replay.per_worker.values().copied().max().unwrap();
+            (most, rep.replay.per_worker)
+        };
+        // The case reproduces: Dynamo's cost counts only active blocks, so every session goes
+        // to the holder of the system prompt (Infera's 448 / 0).
+        let (herd, per) = most("dynamo_kv");
+        assert!(herd >= 440, "dynamo_kv: {per:?}");
+        let (ours, per) = most(DEFAULT_RUN);
+        assert!(ours <= 336, "default: {per:?}");
+    }
+
     /// Seed doc 003's herding experiment (anchors.md §7 E6): 4 engines, a 4-block system
     /// prompt shared by 48 sessions × 3 turns, each turn of all sessions within one second
     /// (a backlog, as E6's). `pure_affinity` piles nearly every request on
