@@ -791,12 +791,15 @@ fn shutdown_past_the_grace_cuts_cleanly() {
 }
 
 /// Bad input and slow clients get clear errors and the server keeps serving: a port another
-/// process holds, a head that never completes (408), too many connections (503).
+/// process holds, a head that never completes (408), a body that stops short (408), a
+/// keep-alive connection left idle (closed), too many connections (503).
 #[test]
 fn port_in_use_slow_clients_and_connection_limits() {
     let a = engine(MODEL);
     let gw = gateway_for(&[&a], |c| {
         c.client_header_timeout_secs = 1;
+        c.client_body_timeout_secs = 1;
+        c.client_idle_timeout_secs = 1;
         c.max_connections_per_shard = 2;
     });
     let addr = gw.local_addr();
@@ -821,6 +824,43 @@ fn port_in_use_slow_clients_and_connection_limits() {
     let r = read_response(&mut slow);
     assert_eq!(r.status, 408);
     assert!(t0.elapsed() < Duration::from_secs(3));
+    // A body that stops at 10 of its 100 bytes.
+    let mut short = TcpStream::connect(addr).unwrap();
+    short
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    short
+        .write_all(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"model\":",
+        )
+        .unwrap();
+    let t0 = Instant::now();
+    let r = read_response(&mut short);
+    assert_eq!(r.status, 408, "{}", r.text());
+    assert!(t0.elapsed() < Duration::from_secs(3));
+    assert_eq!(
+        a.request_stats().requests_completed,
+        0,
+        "nothing was sent on"
+    );
+    // A keep-alive connection idle after its answer is closed after the idle timeout.
+    let mut kept = TcpStream::connect(addr).unwrap();
+    kept.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    kept.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_response(&mut kept).status, 200);
+    let t0 = Instant::now();
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        kept.read(&mut byte).unwrap(),
+        0,
+        "closed, nothing more sent"
+    );
+    let idle = t0.elapsed();
+    assert!(
+        idle > Duration::from_millis(500) && idle < Duration::from_secs(3),
+        "{idle:?}"
+    );
     // Two idle connections fill the shard; the third is refused with 503.
     let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(200));
