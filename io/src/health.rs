@@ -3,9 +3,12 @@
 //! outcome to the worker's [`kvroute_core::health::HealthTracker`] (N failures → unhealthy,
 //! M passes → healthy). A round checks up to [`PARALLEL_CHECKS`] workers at once, so a hung
 //! worker (up to two timeouts) delays neither the others' checks nor its own detection. The
-//! next round starts an interval after this one started, and at least half an interval
-//! after it ended: the passes that bring a worker back are spread in time even after a round
-//! that overran. A worker that comes back after being unhealthy is purged from every
+//! next round starts a period after this one started, and at least half a period after it
+//! ended: the passes that bring a worker back are spread in time even after a round that
+//! overran. The period is the interval for a round of every worker, and
+//! [`defaults::HEALTH_CHECK_UNHEALTHY_INTERVAL_MS`] (when shorter) for rounds of the unhealthy
+//! workers only between them: a worker that was down, or not up yet at start-up, is back in
+//! rotation within seconds. A worker that comes back after being unhealthy is purged from every
 //! index first: it was restarted or lost its cache, and its engine re-announces what it
 //! holds. The thread ends once the gateway's state is dropped.
 //!
@@ -13,7 +16,7 @@
 //! one and the load reports of [`crate::load_poll`]).
 
 use crate::state::Shared;
-use kvroute_core::config::Config;
+use kvroute_core::config::{Config, defaults};
 use kvroute_core::health::HealthChange;
 use kvroute_core::workers::Worker;
 use std::io::{Read, Write};
@@ -33,8 +36,10 @@ const MAX_RESPONSE_BYTES: u64 = 4 * 1024 * 1024;
 /// When and how long the checks run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Checks {
-    /// Time between two rounds.
+    /// Time between two rounds of every worker.
     pub interval: Duration,
+    /// Time between two rounds of the unhealthy workers (at most `interval`).
+    pub unhealthy_interval: Duration,
     /// Time allowed per request (connect, then each read).
     pub timeout: Duration,
 }
@@ -43,9 +48,15 @@ impl Checks {
     /// The checks of `cfg`; `None` when `health_check_interval_secs` is 0 (off: every worker
     /// counts as healthy, and its models come from its spec only).
     pub fn of(cfg: &Config) -> Option<Checks> {
-        (cfg.health_check_interval_secs > 0).then(|| Checks {
-            interval: Duration::from_secs(cfg.health_check_interval_secs),
-            timeout: Duration::from_secs(cfg.health_check_timeout_secs),
+        (cfg.health_check_interval_secs > 0).then(|| {
+            let interval = Duration::from_secs(cfg.health_check_interval_secs);
+            Checks {
+                interval,
+                unhealthy_interval: interval.min(Duration::from_millis(
+                    defaults::HEALTH_CHECK_UNHEALTHY_INTERVAL_MS,
+                )),
+                timeout: Duration::from_secs(cfg.health_check_timeout_secs),
+            }
         })
     }
 }
@@ -132,27 +143,37 @@ pub fn start(shared: &Arc<Shared>, checks: Checks) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("kv-health".into())
         .spawn(move || {
+            let period = checks.unhealthy_interval;
+            let mut full_due = Instant::now();
             loop {
                 let started = Instant::now();
                 let Some(shared) = weak.upgrade() else { return };
-                round(&shared, checks.timeout);
+                let all = started >= full_due;
+                if all {
+                    full_due = started + checks.interval;
+                }
+                round(&shared, checks.timeout, all);
                 drop(shared);
-                let next = (started + checks.interval).max(Instant::now() + checks.interval / 2);
+                let next = (started + period).max(Instant::now() + period / 2);
                 // Sleep in short steps, so the thread ends soon after the gateway does.
                 while Instant::now() < next {
                     if weak.strong_count() == 0 {
                         return;
                     }
-                    std::thread::sleep(Duration::from_millis(50).min(checks.interval));
+                    std::thread::sleep(Duration::from_millis(50).min(period));
                 }
             }
         })
         .map(|_| ())
 }
 
-/// One check of every present worker, [`PARALLEL_CHECKS`] at a time.
-fn round(shared: &Shared, timeout: Duration) {
-    let workers = shared.workers.iter();
+/// One check of every present worker (`all`), or of the unhealthy ones,
+/// [`PARALLEL_CHECKS`] at a time.
+fn round(shared: &Shared, timeout: Duration, all: bool) {
+    let mut workers = shared.workers.iter();
+    if !all {
+        workers.retain(|w| !w.is_healthy());
+    }
     let next = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..PARALLEL_CHECKS.min(workers.len()) {

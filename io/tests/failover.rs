@@ -387,6 +387,45 @@ fn restarted_engine_is_back_in_rotation_after_health_checks() {
     gw.shutdown();
 }
 
+/// An engine that comes up after the router (it starts unhealthy) is in rotation within
+/// seconds, long before the next round of every worker (30 s here): unhealthy workers are
+/// checked every second.
+#[test]
+fn an_engine_up_after_the_router_is_in_rotation_within_seconds() {
+    let early = engine(MODEL);
+    let addr = early.addr;
+    early.shutdown();
+    let late = engine(MODEL);
+    let gw = gateway_for(&[&late], |c| {
+        c.workers.insert(0, format!("http://{addr}"));
+        c.health_check_interval_secs = 30;
+        c.health_check_timeout_secs = 1;
+    });
+    let w0 = gw.shared().workers.get(0).unwrap();
+    assert!(!w0.is_healthy(), "down at start-up");
+    let t0 = Instant::now();
+    let up = engine::server::spawn(
+        EngineConfig {
+            listen: addr,
+            ..engine_cfg(MODEL)
+        },
+        tokenizer(),
+    )
+    .expect("the engine starts on its port");
+    assert!(
+        wait_until(Duration::from_secs(5), || w0.is_healthy()),
+        "still unhealthy after {:?}",
+        t0.elapsed()
+    );
+    let served = (0..8).any(|i| {
+        let r = post(gw.local_addr(), "/v1/completions", &completion(i, 1));
+        r.header("x-kvroute-worker") == Some("0")
+    });
+    assert!(served, "never routed to the late engine");
+    assert!(up.request_stats().requests_completed >= 1);
+    gw.shutdown();
+}
+
 /// Model-aware routing: each model goes only to its workers; missing model → 400, unknown →
 /// 404; `/v1/models` is the union and `/v1/models/{id}` answers; neither is a decision.
 #[test]
