@@ -20,7 +20,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// kvroute: a KV-cache-aware router for LLM inference fleets.
 #[derive(Parser, Debug)]
-#[command(name = "kvroute", version, about)]
+#[command(name = "kvroute", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -107,8 +107,11 @@ struct ServeArgs {
     /// quota is below the cores of the affinity mask].
     #[arg(long)]
     pin_shards: Option<bool>,
-    /// Worker base URL, http://HOST:PORT (repeatable).
-    #[arg(long = "worker")]
+    /// Worker, `http://HOST:PORT[;OPTION]...` (repeatable; quote it for the shell). Options:
+    /// `model=NAME` (repeatable; else its /v1/models), `events=tcp://HOST:PORT` (its KV-event
+    /// publisher), `replay=tcp://HOST:PORT` (its replay endpoint), `dp=N` (DP ranks
+    /// publishing on ports events+0..N), `api_key_env=VAR` (its bearer key from $VAR).
+    #[arg(long = "worker", value_name = "URL[;OPTION]...")]
     workers: Vec<String>,
     /// Workers from DNS (repeatable): NAME:PORT (every A/AAAA address is a worker
     /// http://ADDR:PORT; a headless Kubernetes service) or srv:NAME (SRV: target and port per
@@ -554,7 +557,8 @@ struct ReplayArgs {
     /// Trace timestamps are divided by this (2 = twice as fast).
     #[arg(long)]
     time_scale: Option<f64>,
-    /// `model` sent in each request.
+    /// `model` sent in each request [default: the first model of the target's `/v1/models`,
+    /// else `Qwen/Qwen3-0.6B`].
     #[arg(long)]
     model: Option<String>,
     /// Write the report as JSON to this file.
@@ -890,7 +894,19 @@ fn with_defaults(cmd: clap::Command) -> clap::Command {
     cmd
 }
 
-fn main() -> anyhow::Result<()> {
+/// Runs the command; an error is printed as its chain of causes on one line (`Error: a:
+/// b`), without the backtrace `RUST_BACKTRACE` would add to the `Debug` form, and exits 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let matches = with_defaults(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches)?;
     // `serve` may take its log format from its config file: it starts logging itself. The
@@ -1045,12 +1061,13 @@ fn run_engine(args: EngineArgs) -> anyhow::Result<()> {
 
 #[cfg(feature = "bench")]
 fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
+    let model = args.model.or_else(|| served_model(&args.url));
     let report = demo::replay_once(
         &args.url,
         args.trace.as_deref(),
         args.max_requests,
         args.time_scale,
-        args.model,
+        model,
         None,
     )?;
     println!("{}", report.table());
@@ -1058,7 +1075,27 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
         std::fs::write(&out, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("writing {}", out.display()))?;
     }
+    anyhow::ensure!(
+        report.ok > 0 || report.errors == 0,
+        "every request failed: {:?}",
+        report.errors_by_kind
+    );
     Ok(())
+}
+
+/// The first model id of `GET {url}/v1/models` (a router's or an engine's), `None` when it
+/// does not answer with a non-empty OpenAI list within 5 s.
+fn served_model(url: &str) -> Option<String> {
+    use std::net::ToSocketAddrs;
+    let authority = url.strip_prefix("http://")?.trim_end_matches('/');
+    let addr = authority.to_socket_addrs().ok()?.next()?;
+    let timeout = std::time::Duration::from_secs(5);
+    let (status, body) =
+        kvroute_io::health::http_get(addr, authority, "/v1/models", timeout, None).ok()?;
+    (status == 200)
+        .then(|| kvroute_io::health::model_ids(&body))??
+        .into_iter()
+        .next()
 }
 
 #[cfg(feature = "bench")]
@@ -1308,5 +1345,28 @@ mod tests {
         ] {
             assert!(help.contains(d), "{d} in {help}");
         }
+    }
+
+    /// `kvroute replay` without `--model` sends the model the target serves; nothing
+    /// listening (or no list) → `None`, and the replay keeps its default.
+    #[test]
+    fn replay_asks_the_target_for_its_model() {
+        use kvroute_bench::engine::{EngineConfig, server};
+        let cfg = EngineConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            model_name: "served-m".into(),
+            ..EngineConfig::default()
+        };
+        let tok = std::sync::Arc::new(kvroute_tokenize::Tokenizer::qwen3().unwrap());
+        let engine = server::spawn(cfg, tok).unwrap();
+        let url = format!("http://{}", engine.addr);
+        assert_eq!(served_model(&url).as_deref(), Some("served-m"));
+        assert_eq!(
+            served_model(&format!("{url}/")).as_deref(),
+            Some("served-m")
+        );
+        engine.shutdown();
+        assert_eq!(served_model("http://127.0.0.1:1"), None);
+        assert_eq!(served_model("https://127.0.0.1:1"), None);
     }
 }

@@ -770,9 +770,16 @@ fn shutdown_lets_streams_in_flight_finish() {
         assert!(s.read(&mut first).unwrap() > 0);
     }
     let shared = gw.shared().clone();
+    let admin_addr = gw.admin_addr().unwrap();
     let stopper = std::thread::spawn(move || gw.shutdown());
     assert!(wait_until(Duration::from_secs(2), || shared.is_shutting_down()));
     assert!(!shared.is_ready());
+    // The probes' port answers while streams finish.
+    let r = get(admin_addr, "/readiness");
+    assert_eq!(
+        (r.status, r.json()),
+        (503, json!({"status": "shutting_down"}))
+    );
     for s in &mut streams {
         let mut rest = Vec::new();
         s.read_to_end(&mut rest).unwrap();
