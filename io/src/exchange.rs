@@ -453,6 +453,12 @@ async fn attempts(
         let Some(worker) = view.worker(decision.worker).cloned() else {
             return Err(Stop::NoWorker(last));
         };
+        // The rank of a DP engine that holds the prompt (B28), asked once the worker is
+        // chosen.
+        let dp_rank = shared.router.dp_rank(&facts, worker.id);
+        if let Some(rank) = dp_rank {
+            tracing::debug!(target: "kvroute::decision", worker = worker.id, rank, "DP rank pinned");
+        }
         // A retry needs somewhere to go: with no other eligible worker, this attempt's answer
         // (or error) is the request's.
         let others = view.eligible.iter().any(|&w| w != worker.id);
@@ -470,7 +476,8 @@ async fn attempts(
         rec.worker = Some(worker.id);
         // With client keys configured, the client's key is kvroute's: it never goes upstream.
         let strip_auth = !shared.api_keys.is_empty();
-        let request = upstream::build_request(req, body, &worker, rec.request_id, strip_auth);
+        let request =
+            upstream::build_request(req, body, &worker, rec.request_id, strip_auth, dp_rank);
         let send = upstream::send(
             &ctx.pool,
             &worker,

@@ -138,10 +138,16 @@ fn named_by_connection<'a, I: Iterator<Item = (&'a [u8], &'a [u8])>>(
     move |name: &str| names_any && listed(&|t| t.eq_ignore_ascii_case(name.as_bytes()))
 }
 
+/// Header that pins a request to one DP rank of an engine: vLLM's API server
+/// (`_get_data_parallel_rank`, case-insensitive) and SGLang's `DataParallelController` read
+/// it.
+pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
+
 /// Builds the request sent to `worker`: the client's method and target, its end-to-end
 /// headers (hop-by-hop ones and those named in its `Connection` header removed), `Host` set
 /// to the worker, `x-request-id`, the worker's own key as `Authorization` when it has one
-/// (replacing the client's: at most one goes upstream), and the body unchanged with a
+/// (replacing the client's: at most one goes upstream), [`DP_RANK_HEADER`] `dp_rank` when the
+/// router pins one (replacing the client's), and the body unchanged with a
 /// `Content-Length`. `strip_client_auth`: drop the client's `Authorization` even when the
 /// worker has no key (it was kvroute's own client key).
 pub fn build_request(
@@ -150,6 +156,7 @@ pub fn build_request(
     worker: &Worker,
     request_id: &str,
     strip_client_auth: bool,
+    dp_rank: Option<u32>,
 ) -> Vec<u8> {
     use std::io::Write as _;
     let mut out = Vec::with_capacity(512 + body.len());
@@ -170,12 +177,16 @@ pub fn build_request(
             || named(name)
             || name.eq_ignore_ascii_case(REQUEST_ID_HEADER)
             || (drop_auth && name.eq_ignore_ascii_case("authorization"))
+            || (dp_rank.is_some() && name.eq_ignore_ascii_case(DP_RANK_HEADER))
         {
             continue;
         }
         http1::push_header(&mut out, name, value);
     }
     http1::push_header(&mut out, REQUEST_ID_HEADER, request_id.as_bytes());
+    if let Some(rank) = dp_rank {
+        let _ = write!(out, "{DP_RANK_HEADER}: {rank}\r\n");
+    }
     if let Some(key) = &worker.api_key {
         let _ = write!(out, "authorization: Bearer {key}\r\n");
     }
@@ -347,4 +358,48 @@ async fn read_head(
 fn expire(list: &mut Vec<(Conn, Instant)>, now: Instant, timeout: Duration) {
     let stale = list.partition_point(|(_, since)| now.duration_since(*since) >= timeout);
     list.drain(..stale);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Headers;
+
+    /// The request line, `Host`, the client's end-to-end headers, `x-request-id` and the
+    /// body go upstream; a pinned DP rank replaces the client's `X-Data-Parallel-Rank`, which
+    /// goes through unchanged when the router pins none.
+    #[test]
+    fn build_request_pins_the_dp_rank_over_the_clients() {
+        let workers =
+            kvroute_core::workers::Workers::new(&["http://10.0.0.7:8000".into()]).unwrap();
+        let worker = workers.get(0).unwrap();
+        let req = Request {
+            method: "POST".into(),
+            target: "/v1/completions".into(),
+            headers: Headers::collect(
+                [
+                    ("Host", &b"router"[..]),
+                    ("Connection", b"keep-alive"),
+                    ("X-Data-Parallel-Rank", b"3"),
+                    ("x-a", b"1"),
+                ]
+                .into_iter(),
+            ),
+            body: b"{}".to_vec(),
+            received: Instant::now(),
+        };
+        let text = |rank| {
+            String::from_utf8(build_request(&req, b"{}", &worker, "rid", false, rank)).unwrap()
+        };
+        assert_eq!(
+            text(Some(1)),
+            "POST /v1/completions HTTP/1.1\r\nhost: 10.0.0.7:8000\r\nx-a: 1\r\n\
+             x-request-id: rid\r\nx-data-parallel-rank: 1\r\ncontent-length: 2\r\n\r\n{}"
+        );
+        assert_eq!(
+            text(None),
+            "POST /v1/completions HTTP/1.1\r\nhost: 10.0.0.7:8000\r\nX-Data-Parallel-Rank: 3\r\n\
+             x-a: 1\r\nx-request-id: rid\r\ncontent-length: 2\r\n\r\n{}"
+        );
+    }
 }

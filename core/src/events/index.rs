@@ -507,6 +507,21 @@ impl Holders<'_> {
         best as usize * self.reader.block_size()
     }
 
+    /// `(DP rank, matched tokens)` of each visible stream of `worker`, in no particular
+    /// order (empty when it has none). O(its streams).
+    pub fn by_rank(&self, worker: u32) -> Vec<(u32, usize)> {
+        let mut out = Vec::new();
+        self.reader.for_each_id(worker, |id| {
+            if let Some(s) = self.reader.owner(id) {
+                out.push((
+                    s.rank,
+                    self.depths.blocks(id) as usize * self.reader.block_size(),
+                ));
+            }
+        });
+        out
+    }
+
     /// Streams holding at least the first block, hidden ones included.
     pub fn streams(&self) -> usize {
         self.depths.holders()

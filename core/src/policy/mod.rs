@@ -450,6 +450,8 @@ struct Params {
     hash_load_factor: f64,
     chars_per_token: f64,
     rule: OverlapRule,
+    /// `--cache-threshold`, for [`Router::dp_rank`].
+    cache_threshold: f64,
     full_scan: usize,
     holders: usize,
     sample: usize,
@@ -487,6 +489,7 @@ impl Params {
             hash_load_factor: k.hash_load_factor,
             chars_per_token: k.chars_per_token,
             rule,
+            cache_threshold: cfg.cache_threshold,
             full_scan: k.full_scan_workers,
             holders: k.candidate_holders,
             sample: k.candidate_sample,
@@ -621,6 +624,26 @@ impl Router {
     fn event_reader(&self, req: &Request<'_>) -> Option<&crate::events::EventReader> {
         req.ids?;
         self.events.as_ref().filter(|e| !e.is_empty())
+    }
+
+    /// The DP rank of `worker` to pin `req` to (vLLM and SGLang take it as the
+    /// `X-data-parallel-rank` header), when the event index shows one of the worker's ranks
+    /// holding more of the prompt than each of its other ranks by over `--cache-threshold`
+    /// of the prompt (SMG's affinity gate, one level down): a conversation's history on rank
+    /// 1 goes to rank 1 (bug-cases.md B28), while a system prompt every rank will soon hold
+    /// pins nothing and the engine's own balancer spreads those requests over its ranks.
+    /// `None` for a worker with one stream (no DP), without token ids or events, or when no
+    /// rank stands out. Read-only; one index query (a decision's cost on a large fleet,
+    /// asked only after the decision).
+    pub fn dp_rank(&self, req: &Request<'_>, worker: usize) -> Option<u32> {
+        let ev = self.event_reader(req)?;
+        let mut ranks = ev.holders(&req.block_keys).by_rank(worker as u32);
+        if ranks.len() < 2 {
+            return None;
+        }
+        ranks.sort_unstable_by_key(|&(rank, tokens)| (std::cmp::Reverse(tokens), rank));
+        let gap = (ranks[0].1 - ranks[1].1) as f64;
+        (gap > self.params.cache_threshold * req.prompt_tokens as f64).then_some(ranks[0].0)
     }
 
     /// The event index's [`Answer`] of `req` holding `found`.

@@ -1544,3 +1544,54 @@ proptest! {
         }
     }
 }
+
+/// B28: the DP rank a request is pinned to. Worker 0 has two ranks: rank 0 holds a 2-block
+/// system prompt, rank 1 that prompt and a conversation's 8 more blocks; worker 1 one rank.
+/// The conversation's next turn (176 tokens) goes to rank 1 (160 vs 32 tokens: a gap of 128
+/// over 0.3 × 176); a new conversation after the system prompt pins nothing (both ranks hold
+/// its 32 tokens), nor does any request to worker 1, which has no other rank.
+#[test]
+fn dp_rank_pins_a_conversation_to_the_rank_holding_it() {
+    use crate::events::{BlockStored, EventBatch, EventIndex, KvEvent, StreamId};
+    let mut ev = EventIndex::new(16);
+    let mut store = |worker: u32, rank: u32, parent: Option<u64>, first: u64, tokens: &[u32]| {
+        let stored = BlockStored {
+            block_hashes: (first..first + tokens.len() as u64 / 16).collect(),
+            parent_block_hash: parent,
+            token_ids: tokens.to_vec(),
+            block_size: 16,
+            ..BlockStored::default()
+        };
+        let batch = EventBatch {
+            ts: 0.0,
+            events: vec![KvEvent::Stored(stored)],
+            dp_rank: Some(rank),
+            skipped_events: 0,
+        };
+        ev.apply_batch(StreamId { worker, rank }, &batch);
+    };
+    let system: Vec<u32> = (0..32).collect();
+    let history: Vec<u32> = (1_000..1_128).collect();
+    store(0, 0, None, 1, &system);
+    store(0, 1, None, 1, &system);
+    store(0, 1, Some(2), 3, &history);
+    store(1, 0, None, 1, &system);
+    let mut r = router(PolicyKind::PredictedTtft);
+    r.set_event_index(ev.reader());
+    let turn: Vec<u32> = system
+        .iter()
+        .chain(&history)
+        .copied()
+        .chain(5_000..5_016)
+        .collect();
+    let key = ids_key(turn);
+    let req = r.request(&key);
+    assert_eq!(r.dp_rank(&req, 0), Some(1));
+    assert_eq!(r.dp_rank(&req, 1), None, "one rank");
+    assert_eq!(r.dp_rank(&req, 2), None, "no streams");
+    let fresh = ids_key(system.iter().copied().chain(7_000..7_144).collect());
+    assert_eq!(r.dp_rank(&r.request(&fresh), 0), None, "a tie");
+    // Text requests have no block keys: never pinned.
+    let text = text_key("a conversation in plain text");
+    assert_eq!(r.dp_rank(&r.request(&text), 0), None);
+}
