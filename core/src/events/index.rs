@@ -474,6 +474,13 @@ impl EventReader {
         }
     }
 
+    /// Visible streams (DP ranks) of `worker`. O(its streams), no index query.
+    pub fn streams_of(&self, worker: u32) -> usize {
+        let mut n = 0;
+        self.for_each_id(worker, |id| n += usize::from(self.owner(id).is_some()));
+        n
+    }
+
     /// The streams holding a prefix of `keys` (as [`Self::find_matches`]), grouped by depth
     /// so that a decision over thousands of workers takes the deepest few without mapping
     /// every holder to its worker ([`Holders`]). Cost: the positional query, plus O(streams)

@@ -633,10 +633,13 @@ impl Router {
     /// 1 goes to rank 1 (bug-cases.md B28), while a system prompt every rank will soon hold
     /// pins nothing and the engine's own balancer spreads those requests over its ranks.
     /// `None` for a worker with one stream (no DP), without token ids or events, or when no
-    /// rank stands out. Read-only; one index query (a decision's cost on a large fleet,
-    /// asked only after the decision).
+    /// rank stands out. Read-only; for a worker with several ranks, one index query (a
+    /// decision's cost on a large fleet), else none.
     pub fn dp_rank(&self, req: &Request<'_>, worker: usize) -> Option<u32> {
         let ev = self.event_reader(req)?;
+        if ev.streams_of(worker as u32) < 2 {
+            return None;
+        }
         let mut ranks = ev.holders(&req.block_keys).by_rank(worker as u32);
         if ranks.len() < 2 {
             return None;
