@@ -14,6 +14,7 @@
 //! | `kvroute_migrations_total` | counter | `worker`, `outcome` |
 //! | `kvroute_bad_requests_total` | counter | `reason` |
 //! | `kvroute_token_source_total` | counter | `source` (`none`, `body`, `header`, `prompt`) |
+//! | `kvroute_keyless_routings_total` | counter | `route`: requests routed with neither routing text nor token ids (no policy sees an overlap for them; 0 for well-formed requests of every endpoint, bug-cases.md B20) |
 //! | `kvroute_routing_tokens_rejected_total` | counter | `reason` (`too_long`, `too_many`, `malformed`) |
 //! | `kvroute_tokenize_tokens_total` | counter | `how` (`reused`, `encoded`) |
 //! | `kvroute_hit_tokens_total` | counter | `worker`, `kind` (`predicted`, `served`, `phantom`, `unannounced`) |
@@ -175,6 +176,7 @@ pub struct Metrics {
     retries: Family<Labels, Counter>,
     migrations: Family<Labels, Counter>,
     bad_requests: Family<Labels, Counter>,
+    keyless: Family<Labels, Counter>,
     token_sources: Counters,
     header_rejected: Family<Labels, Counter>,
     tokenize_tokens: Counters,
@@ -399,6 +401,7 @@ impl Metrics {
             retries: Family::default(),
             migrations: Family::default(),
             bad_requests: Family::default(),
+            keyless: Family::default(),
             token_sources: Family::default(),
             header_rejected: Family::default(),
             tokenize_tokens: Family::default(),
@@ -460,6 +463,11 @@ impl Metrics {
             "kvroute_bad_requests",
             "Requests refused as invalid, by reason",
             m.bad_requests.clone(),
+        );
+        r.register(
+            "kvroute_keyless_routings",
+            "Requests routed with no routing text nor token ids, by route",
+            m.keyless.clone(),
         );
         r.register(
             "kvroute_token_source",
@@ -729,6 +737,11 @@ impl Metrics {
     /// A request refused as invalid (`reason`: malformed, head_too_large, body_too_large, ...).
     pub fn on_bad_request(&self, reason: &str) {
         inc_labelled(&self.bad_requests, "reason", reason, 1);
+    }
+
+    /// A request of `route` routed with no routing key (neither text nor token ids).
+    pub fn on_keyless(&self, route: &str) {
+        inc_labelled(&self.keyless, "route", route, 1);
     }
 
     /// Where one routed request's token ids came from (`source`: `none`, `body`, `header`,

@@ -346,6 +346,9 @@ fn parse_and_tokenize(
     if let Some(e) = &attached.prompt_error {
         tracing::debug!(model = %key.model, error = %e, "prompt not tokenized; text mode");
     }
+    if key.text.is_empty() && key.input_ids.as_ref().is_none_or(|ids| ids.is_empty()) {
+        shared.metrics.on_keyless(Route::Infer(endpoint).label());
+    }
     shared.metrics.on_token_source(
         key.token_source.as_str(),
         attached.reused_tokens,

@@ -485,6 +485,51 @@ fn invalid_chat_bodies_are_refused_named_and_counted() {
     gw.shutdown();
 }
 
+/// B20: chat, completions and `/generate` (text and token ids) all route with a key, so
+/// the keyless counter stays at 0 for them; an empty prompt is routed (by load, to the
+/// engine, whose 400 the client gets, as vLLM's) and counted.
+#[test]
+fn every_endpoint_routes_with_a_key_b20() {
+    let eng = engine_with(0.0, 1);
+    let gw = gateway_for(vec![url_of(&eng)], PolicyKind::CacheAware, |_| {});
+    let addr = gw.local_addr();
+    let good = [
+        ("/v1/chat/completions", chat("hi", false, 2)),
+        (
+            "/v1/completions",
+            json!({"model": "qwen3-sim", "prompt": "hi", "max_tokens": 2}),
+        ),
+        (
+            "/generate",
+            json!({"text": "hi", "sampling_params": {"max_new_tokens": 2}}),
+        ),
+        (
+            "/generate",
+            json!({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}),
+        ),
+    ];
+    for (path, body) in &good {
+        let r = post(addr, path, body);
+        assert_eq!(r.status, 200, "{path} {body}: {}", r.text());
+    }
+    let keyless = |route: &str| {
+        let name = format!("kvroute_keyless_routings_total{{route=\"{route}\"}}");
+        metric(&get(addr, "/metrics").text(), &name)
+    };
+    for route in ["/v1/chat/completions", "/v1/completions", "/generate"] {
+        assert_eq!(keyless(route), None, "{route}");
+    }
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"model": "qwen3-sim", "prompt": "", "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.header("x-kvroute-worker"), Some("0"), "routed");
+    assert_eq!(keyless("/v1/completions"), Some(1.0));
+    gw.shutdown();
+}
+
 #[test]
 fn worker_errors_502_and_504() {
     // 502: nothing listens on the worker's port. Port 1 (tcpmux), not a port bound and
