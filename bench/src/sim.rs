@@ -1577,7 +1577,8 @@ mod calibration_tests {
     /// finished before the next (nothing is ever in flight at a decision), sharing a 2-block
     /// system prompt with a 12-block unique body (14 × 512 tokens). Once the warm engine's
     /// memory is full of other sessions' blocks, new sessions go to the other engine: the
-    /// default policy puts at most 75 % of them on either (224 / 224 when written), where
+    /// default policy puts at most 60 % of them on either (224 / 224 when written; the case's
+    /// own bar is 75 %), where
     /// `dynamo_kv` puts all 448 on one.
     #[test]
     fn b8_paced_sessions_do_not_pile_on_the_warm_engine() {
@@ -1626,7 +1627,7 @@ mod calibration_tests {
         let (herd, per) = most("dynamo_kv");
         assert!(herd >= 440, "dynamo_kv: {per:?}");
         let (ours, per) = most(DEFAULT_RUN);
-        assert!(ours <= 336, "default: {per:?}");
+        assert!(ours <= 269, "default: {per:?}");
     }
 
     /// Seed doc 003's herding experiment (anchors.md §7 E6): 4 engines, a 4-block system

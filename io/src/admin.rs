@@ -141,9 +141,9 @@ const MAX_ADMIN_BODY_BYTES: usize = 64 * 1024;
 const ADMIN_IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Starts the admin API on `listen` (its own port and thread, `kv-admin`, so a saturated
-/// traffic port never starves it; operations.md §1). Every route but the probes ([`probe`])
-/// needs `Authorization: Bearer KEY` when `key` is set (compared in constant time); config
-/// validation requires a key unless `listen` is loopback. One thread per connection, at most
+/// traffic port never starves it; operations.md §1). Every route but the probes
+/// ([`probe_answer`]) needs `Authorization: Bearer KEY` when `key` is set (compared in
+/// constant time); config validation requires a key unless `listen` is loopback. One thread per connection, at most
 /// [`MAX_ADMIN_CONNECTIONS`]. Ends once the gateway's state is dropped.
 ///
 /// | route | answer |
@@ -153,7 +153,7 @@ const ADMIN_IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10)
 /// | `POST /workers/{id}/drain` | 200 `{"id","state":"draining"}` |
 /// | `DELETE /workers/{id}` | drains, waits for its requests (up to the shutdown grace), purges every index, cancels its event subscription: 200 `{"id","removed":true}` |
 /// | `GET /cache-view/{id}` | the event index's view of one worker ([`cache_view`]) |
-/// | `GET /health`, `/liveness`, `/readiness` | as on the traffic port, without the key ([`probe`]) |
+/// | `GET /health`, `/liveness`, `/readiness` | as on the traffic port, without the key ([`probe_answer`]) |
 ///
 /// # Errors
 /// The address cannot be bound (in use: named in the message).
@@ -275,7 +275,7 @@ fn serve_admin(
             .is_some_and(|given| constant_time_eq(given, k.as_bytes()))
     });
     let probe = (head.method == "GET")
-        .then(|| probe(shared, head.path()))
+        .then(|| probe_answer(shared, head.path()))
         .flatten();
     let (status, answer) = if let Some(answer) = probe {
         answer
@@ -299,7 +299,7 @@ pub const HEALTH_BODY: &[u8] = br#"{"status":"ok"}"#;
 /// /readiness` ([`Shared::readiness`]). On the admin port's own thread they are answered
 /// however saturated the traffic port is (its connection limit, busy shards), as SMG's
 /// separate health port (operations.md §1). `None` for any other path.
-pub fn probe(shared: &Shared, path: &str) -> Option<(u16, Vec<u8>)> {
+pub fn probe_answer(shared: &Shared, path: &str) -> Option<(u16, Vec<u8>)> {
     match path {
         "/health" | "/liveness" => Some((200, HEALTH_BODY.to_vec())),
         "/readiness" => Some(shared.readiness()),

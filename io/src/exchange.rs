@@ -458,7 +458,7 @@ async fn attempts(
         };
         // The rank of a DP engine that holds the prompt (B28), asked once the worker is
         // chosen.
-        let dp_rank = shared.router.dp_rank(&facts, worker.id);
+        let dp_rank = shared.router.dp_rank(&snap, &facts, worker.id);
         if let Some(rank) = dp_rank {
             tracing::debug!(target: "kvroute::decision", worker = worker.id, rank, "DP rank pinned");
         }

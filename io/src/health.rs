@@ -8,7 +8,8 @@
 //! overran. The period is the interval for a round of every worker, and
 //! [`defaults::HEALTH_CHECK_UNHEALTHY_INTERVAL_MS`] (when shorter) for rounds of the unhealthy
 //! workers only between them: a worker that was down, or not up yet at start-up, is back in
-//! rotation within seconds. A worker that comes back after being unhealthy is purged from every
+//! rotation within seconds. (A round of the unhealthy ones that waits on a hung worker
+//! delays the next round of every worker by up to two timeouts.) A worker that comes back after being unhealthy is purged from every
 //! index first: it was restarted or lost its cache, and its engine re-announces what it
 //! holds. The thread ends once the gateway's state is dropped.
 //!
@@ -143,7 +144,7 @@ pub fn start(shared: &Arc<Shared>, checks: Checks) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("kv-health".into())
         .spawn(move || {
-            let period = checks.unhealthy_interval;
+            let period = checks.unhealthy_interval.min(checks.interval);
             let mut full_due = Instant::now();
             loop {
                 let started = Instant::now();

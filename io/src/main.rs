@@ -149,7 +149,8 @@ struct ServeArgs {
     #[arg(long = "knob", value_name = "NAME=VALUE")]
     knobs: Vec<String>,
     /// cache_aware: match ratio (matched chars / request chars) above which the prefix
-    /// holders are the candidates.
+    /// holders are the candidates; every policy on KV events: the lead in share of the
+    /// prompt that pins a request to one DP rank of its worker.
     #[arg(long)]
     cache_threshold: Option<f64>,
     /// Spill gate: a candidate is hot above this multiple of the mean in-flight count...
@@ -1085,6 +1086,7 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
 
 /// The first model id of `GET {url}/v1/models` (a router's or an engine's), `None` when it
 /// does not answer with a non-empty OpenAI list within 5 s.
+#[cfg(feature = "bench")]
 fn served_model(url: &str) -> Option<String> {
     use std::net::ToSocketAddrs;
     let authority = url.strip_prefix("http://")?.trim_end_matches('/');

@@ -181,9 +181,10 @@ impl Shared {
             let body = serde_json::json!({"status": "not_ready", "reason": "no eligible worker"});
             return (503, body.to_string().into_bytes());
         }
-        let unserved: std::collections::BTreeSet<String> = workers
-            .iter()
-            .flat_map(|w| w.models())
+        let models: std::collections::BTreeSet<String> =
+            workers.iter().flat_map(|w| w.models()).collect();
+        let unserved: Vec<String> = models
+            .into_iter()
             .filter(|m| !available.iter().any(|w| w.serves(m)))
             .collect();
         let body = serde_json::json!({"status": "ready", "models_without_worker": unserved});

@@ -523,7 +523,8 @@ pub struct Config {
     pub nats_subject_prefix: String,
     /// Routing policy ([`defaults::POLICY`]).
     pub policy: PolicyKind,
-    /// cache_aware match-ratio threshold, 0–1 ([`defaults::CACHE_THRESHOLD`]).
+    /// cache_aware match-ratio threshold, 0–1 ([`defaults::CACHE_THRESHOLD`]); also the lead
+    /// that pins a request to a DP rank ([`crate::policy::Router::dp_rank`]).
     pub cache_threshold: f64,
     /// Spill gate relative factor, ≥ 1 ([`defaults::BALANCE_REL_THRESHOLD`]).
     pub balance_rel_threshold: f64,

@@ -474,10 +474,20 @@ impl EventReader {
         }
     }
 
+    /// Calls `f(dense id, stream)` for each visible (not hidden, assigned) stream of
+    /// `worker`. O(its streams), as [`Self::for_each_id`].
+    fn for_each_visible(&self, worker: u32, mut f: impl FnMut(u32, StreamId)) {
+        self.for_each_id(worker, |id| {
+            if let Some(s) = self.owner(id) {
+                f(id, s);
+            }
+        });
+    }
+
     /// Visible streams (DP ranks) of `worker`. O(its streams), no index query.
     pub fn streams_of(&self, worker: u32) -> usize {
         let mut n = 0;
-        self.for_each_id(worker, |id| n += usize::from(self.owner(id).is_some()));
+        self.for_each_visible(worker, |_, _| n += 1);
         n
     }
 
@@ -506,25 +516,18 @@ impl Holders<'_> {
     /// it holds none). O(its streams).
     pub fn tokens(&self, worker: u32) -> usize {
         let mut best = 0;
-        self.reader.for_each_id(worker, |id| {
-            if !self.reader.hidden[id as usize].load(Ordering::Acquire) {
-                best = best.max(self.depths.blocks(id));
-            }
-        });
+        self.reader
+            .for_each_visible(worker, |id, _| best = best.max(self.depths.blocks(id)));
         best as usize * self.reader.block_size()
     }
 
     /// `(DP rank, matched tokens)` of each visible stream of `worker`, in no particular
     /// order (empty when it has none). O(its streams).
     pub fn by_rank(&self, worker: u32) -> Vec<(u32, usize)> {
+        let bs = self.reader.block_size();
         let mut out = Vec::new();
-        self.reader.for_each_id(worker, |id| {
-            if let Some(s) = self.reader.owner(id) {
-                out.push((
-                    s.rank,
-                    self.depths.blocks(id) as usize * self.reader.block_size(),
-                ));
-            }
+        self.reader.for_each_visible(worker, |id, s| {
+            out.push((s.rank, self.depths.blocks(id) as usize * bs));
         });
         out
     }

@@ -628,14 +628,18 @@ impl Router {
 
     /// The DP rank of `worker` to pin `req` to (vLLM and SGLang take it as the
     /// `X-data-parallel-rank` header), when the event index shows one of the worker's ranks
-    /// holding more of the prompt than each of its other ranks by over `--cache-threshold`
-    /// of the prompt (SMG's affinity gate, one level down): a conversation's history on rank
-    /// 1 goes to rank 1 (bug-cases.md B28), while a system prompt every rank will soon hold
-    /// pins nothing and the engine's own balancer spreads those requests over its ranks.
-    /// `None` for a worker with one stream (no DP), without token ids or events, or when no
-    /// rank stands out. Read-only; for a worker with several ranks, one index query (a
-    /// decision's cost on a large fleet), else none.
-    pub fn dp_rank(&self, req: &Request<'_>, worker: usize) -> Option<u32> {
+    /// holding more of the prompt than each of its other ranks, and than the head that
+    /// requests live on the worker hold, by over `--cache-threshold` of the prompt (SMG's
+    /// affinity gate, one level down): a conversation's history on rank 1 goes to rank 1
+    /// (bug-cases.md B28). A prefix that concurrent requests share (a system prompt, a
+    /// popular document: live requests hold it) pins nothing, so the engine's own balancer
+    /// spreads those requests over its ranks instead of herding them onto the first rank
+    /// that cached it (B8 / B9 one level down). Ranks are the event streams' (`0..dp`, on
+    /// the events port plus the rank): the engine's DP start rank must be 0. `None` for a
+    /// worker with one stream (no DP), without token ids or events, or when no rank stands
+    /// out. Read-only; for a worker with several ranks, one index query (a decision's cost
+    /// on a large fleet) and one lock of its live paths, else nothing.
+    pub fn dp_rank(&self, snap: &Snapshot<'_>, req: &Request<'_>, worker: usize) -> Option<u32> {
         let ev = self.event_reader(req)?;
         if ev.streams_of(worker as u32) < 2 {
             return None;
@@ -645,7 +649,10 @@ impl Router {
             return None;
         }
         ranks.sort_unstable_by_key(|&(rank, tokens)| (std::cmp::Reverse(tokens), rank));
-        let gap = (ranks[0].1 - ranks[1].1) as f64;
+        let live = snap
+            .live
+            .map_or(0, |l| l.live_head(worker, &req.block_keys) * req.block_size);
+        let gap = ranks[0].1.saturating_sub(ranks[1].1.max(live)) as f64;
         (gap > self.params.cache_threshold * req.prompt_tokens as f64).then_some(ranks[0].0)
     }
 

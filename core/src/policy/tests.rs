@@ -1548,8 +1548,11 @@ proptest! {
 /// B28: the DP rank a request is pinned to. Worker 0 has two ranks: rank 0 holds a 2-block
 /// system prompt, rank 1 that prompt and a conversation's 8 more blocks; worker 1 one rank.
 /// The conversation's next turn (176 tokens) goes to rank 1 (160 vs 32 tokens: a gap of 128
-/// over 0.3 × 176); a new conversation after the system prompt pins nothing (both ranks hold
-/// its 32 tokens), nor does any request to worker 1, which has no other rank.
+/// over 0.3 × 176 = 52.8); not when live requests on worker 0 hold 7 of its blocks (112
+/// tokens: the gap to them, 48, is under the threshold, a prefix in concurrent use), nor
+/// while rank 1 waits for a replay (hidden), nor with a threshold of 0.8 (128 ≤ 140.8). A
+/// new conversation after the system prompt pins nothing (both ranks hold its 32 tokens),
+/// nor does any request to worker 1, which has no other rank.
 #[test]
 fn dp_rank_pins_a_conversation_to_the_rank_holding_it() {
     use crate::events::{BlockStored, EventBatch, EventIndex, KvEvent, StreamId};
@@ -1578,6 +1581,9 @@ fn dp_rank_pins_a_conversation_to_the_rank_holding_it() {
     store(1, 0, None, 1, &system);
     let mut r = router(PolicyKind::PredictedTtft);
     r.set_event_index(ev.reader());
+    let workers = WorkerLoad::of_requests(&[0, 0, 0]);
+    let eligible = [0, 1, 2];
+    let quiet = snap_of(&workers, &eligible);
     let turn: Vec<u32> = system
         .iter()
         .chain(&history)
@@ -1586,12 +1592,35 @@ fn dp_rank_pins_a_conversation_to_the_rank_holding_it() {
         .collect();
     let key = ids_key(turn);
     let req = r.request(&key);
-    assert_eq!(r.dp_rank(&req, 0), Some(1));
-    assert_eq!(r.dp_rank(&req, 1), None, "one rank");
-    assert_eq!(r.dp_rank(&req, 2), None, "no streams");
+    assert_eq!(r.dp_rank(&quiet, &req, 0), Some(1));
+    assert_eq!(r.dp_rank(&quiet, &req, 1), None, "one rank");
+    assert_eq!(r.dp_rank(&quiet, &req, 2), None, "no streams");
+    let live = SharedOn(0, 7);
+    let busy = Snapshot {
+        live: Some(&live),
+        ..snap_of(&workers, &eligible)
+    };
+    assert_eq!(
+        r.dp_rank(&busy, &req, 0),
+        None,
+        "a prefix in concurrent use"
+    );
     let fresh = ids_key(system.iter().copied().chain(7_000..7_144).collect());
-    assert_eq!(r.dp_rank(&r.request(&fresh), 0), None, "a tie");
+    assert_eq!(r.dp_rank(&quiet, &r.request(&fresh), 0), None, "a tie");
     // Text requests have no block keys: never pinned.
     let text = text_key("a conversation in plain text");
-    assert_eq!(r.dp_rank(&r.request(&text), 0), None);
+    assert_eq!(r.dp_rank(&quiet, &r.request(&text), 0), None);
+    let mut strict = Router::new(&Config {
+        policy: PolicyKind::PredictedTtft,
+        cache_threshold: 0.8,
+        ..Config::default()
+    });
+    strict.set_event_index(ev.reader());
+    assert_eq!(
+        strict.dp_rank(&quiet, &strict.request(&key), 0),
+        None,
+        "under 0.8"
+    );
+    ev.set_hidden(StreamId { worker: 0, rank: 1 }, true);
+    assert_eq!(r.dp_rank(&quiet, &req, 0), None, "rank 1 hidden");
 }
