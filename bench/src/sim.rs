@@ -1514,6 +1514,33 @@ mod calibration_tests {
         }
     }
 
+    /// Run `name` (a [`Run`]) over `records` on `engines` engines of `blocks` KV blocks,
+    /// time scale 1, engine load reports every `load_poll_ms`.
+    fn run_fleet(
+        records: &[TraceRecord],
+        name: &str,
+        engines: usize,
+        blocks: usize,
+        load_poll_ms: u64,
+    ) -> SimReport {
+        let r: Run = name.parse().unwrap();
+        let cfg = SimConfig {
+            engines,
+            engine: EngineConfig {
+                num_gpu_blocks: blocks,
+                ..EngineConfig::default()
+            },
+            router: Config {
+                policy: r.policy,
+                load_poll_ms,
+                ..Config::default()
+            },
+            routing: r.routing,
+            ..predicted_ttft_fleet(engines, Vec::new())
+        };
+        simulate(&Trace::mooncake(records.to_vec()), &prompts(), &cfg).unwrap()
+    }
+
     /// Requests far apart on one engine (each alone, nothing decoding): the learned curve
     /// is the engine's own within 10 % at 1k / 8k / 32k new tokens.
     #[test]
@@ -1590,32 +1617,8 @@ mod calibration_tests {
                 hash_ids: (0..2).chain((0..12).map(|j| 1_000 + s * 100 + j)).collect(),
             })
             .collect();
-        let run = |name: &str| {
-            let r: Run = name.parse().unwrap();
-            let cfg = SimConfig {
-                engines: 2,
-                engine: EngineConfig {
-                    // ~11 sessions of 448 blocks each.
-                    num_gpu_blocks: 5_000,
-                    ..EngineConfig::default()
-                },
-                router: Config {
-                    policy: r.policy,
-                    load_poll_ms: 1_000,
-                    ..Config::default()
-                },
-                routing: r.routing,
-                time_scale: 1.0,
-                seed: DEFAULT_SEED,
-                event_delay_ms: DEFAULT_EVENT_DELAY_MS,
-                replicas: 1,
-                sync_delay_ms: None,
-                spread_secs: DEFAULT_SPREAD_SECS,
-                wire_events: false,
-                engine_speedups: Vec::new(),
-            };
-            simulate(&Trace::mooncake(records.clone()), &prompts(), &cfg).unwrap()
-        };
+        // ~11 sessions of 448 blocks each per engine.
+        let run = |name: &str| run_fleet(&records, name, 2, 5_000, 1_000);
         let most = |name: &str| {
             let rep = run(name);
             assert_eq!(rep.replay.ok, 448, "{name}");
@@ -1650,31 +1653,7 @@ mod calibration_tests {
             .collect();
         let mut records = records;
         records.sort_by_key(|r| r.timestamp_ms);
-        let run = |name: &str| {
-            let r: Run = name.parse().unwrap();
-            let cfg = SimConfig {
-                engines: 4,
-                engine: EngineConfig {
-                    num_gpu_blocks: 20_000,
-                    ..EngineConfig::default()
-                },
-                router: Config {
-                    policy: r.policy,
-                    load_poll_ms: 500,
-                    ..Config::default()
-                },
-                routing: r.routing,
-                time_scale: 1.0,
-                seed: DEFAULT_SEED,
-                event_delay_ms: DEFAULT_EVENT_DELAY_MS,
-                replicas: 1,
-                sync_delay_ms: None,
-                spread_secs: DEFAULT_SPREAD_SECS,
-                wire_events: false,
-                engine_speedups: Vec::new(),
-            };
-            simulate(&Trace::mooncake(records.clone()), &prompts(), &cfg).unwrap()
-        };
+        let run = |name: &str| run_fleet(&records, name, 4, 20_000, 500);
         let herd = run("pure_affinity_events");
         let most = herd.replay.per_worker.values().copied().max().unwrap();
         assert!(

@@ -1309,13 +1309,35 @@ fn large_event_holder(c: u32) -> usize {
     (c as usize * 97 + 13) % LARGE
 }
 
+/// One `BlockStored` batch of DP rank `rank`: `tokens` in blocks of 16 with engine hashes
+/// `first..`, under `parent`.
+fn stored_batch(
+    parent: Option<u64>,
+    first: u64,
+    tokens: &[u32],
+    rank: Option<u32>,
+) -> crate::events::EventBatch {
+    use crate::events::{BlockStored, EventBatch, KvEvent};
+    let stored = BlockStored {
+        block_hashes: (first..first + tokens.len() as u64 / 16).collect(),
+        parent_block_hash: parent,
+        token_ids: tokens.to_vec(),
+        block_size: 16,
+        ..BlockStored::default()
+    };
+    EventBatch {
+        ts: 0.0,
+        events: vec![KvEvent::Stored(stored)],
+        dp_rank: rank,
+        skipped_events: 0,
+    }
+}
+
 /// An event index over [`LARGE`] workers (blocks of 16 tokens): every worker holds a
 /// system prompt of `system_tokens` (a multiple of 16), and [`large_event_holder`]`(c)`
 /// holds the whole of [`large_event_prompt`]`(c)` for `c < 20`.
 fn large_event_fleet(system_tokens: u32) -> crate::events::EventIndex {
-    use crate::events::{
-        BlockStored, EventBatch, EventIndex, EventIndexSettings, KvEvent, StreamId,
-    };
+    use crate::events::{EventIndex, EventIndexSettings, StreamId};
     let mut ev = EventIndex::with_settings(&EventIndexSettings {
         block_size: 16,
         max_streams: LARGE,
@@ -1323,24 +1345,11 @@ fn large_event_fleet(system_tokens: u32) -> crate::events::EventIndex {
         max_entries: None,
     });
     let mut store = |worker: usize, parent: Option<u64>, first: u64, tokens: &[u32]| {
-        let ev_ = BlockStored {
-            block_hashes: (first..first + tokens.len() as u64 / 16).collect(),
-            parent_block_hash: parent,
-            token_ids: tokens.to_vec(),
-            block_size: 16,
-            ..BlockStored::default()
-        };
-        let batch = EventBatch {
-            ts: 0.0,
-            events: vec![KvEvent::Stored(ev_)],
-            dp_rank: None,
-            skipped_events: 0,
-        };
         let stream = StreamId {
             worker: worker as u32,
             rank: 0,
         };
-        ev.apply_batch(stream, &batch);
+        ev.apply_batch(stream, &stored_batch(parent, first, tokens, None));
     };
     let system: Vec<u32> = (0..system_tokens).collect();
     let system_blocks = u64::from(system_tokens / 16);
@@ -1555,22 +1564,10 @@ proptest! {
 /// nor does any request to worker 1, which has no other rank.
 #[test]
 fn dp_rank_pins_a_conversation_to_the_rank_holding_it() {
-    use crate::events::{BlockStored, EventBatch, EventIndex, KvEvent, StreamId};
+    use crate::events::{EventIndex, StreamId};
     let mut ev = EventIndex::new(16);
     let mut store = |worker: u32, rank: u32, parent: Option<u64>, first: u64, tokens: &[u32]| {
-        let stored = BlockStored {
-            block_hashes: (first..first + tokens.len() as u64 / 16).collect(),
-            parent_block_hash: parent,
-            token_ids: tokens.to_vec(),
-            block_size: 16,
-            ..BlockStored::default()
-        };
-        let batch = EventBatch {
-            ts: 0.0,
-            events: vec![KvEvent::Stored(stored)],
-            dp_rank: Some(rank),
-            skipped_events: 0,
-        };
+        let batch = stored_batch(parent, first, tokens, Some(rank));
         ev.apply_batch(StreamId { worker, rank }, &batch);
     };
     let system: Vec<u32> = (0..32).collect();
