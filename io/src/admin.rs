@@ -143,8 +143,9 @@ const ADMIN_IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10)
 /// Starts the admin API on `listen` (its own port and thread, `kv-admin`, so a saturated
 /// traffic port never starves it; operations.md §1). Every route but the probes
 /// ([`probe_answer`]) needs `Authorization: Bearer KEY` when `key` is set (compared in
-/// constant time); config validation requires a key unless `listen` is loopback. One thread per connection, at most
-/// [`MAX_ADMIN_CONNECTIONS`]. Ends once the gateway's state is dropped.
+/// constant time); config validation requires a key unless `listen` is loopback. One thread
+/// per connection, at most [`MAX_ADMIN_CONNECTIONS`]. Ends once the gateway's state is
+/// dropped.
 ///
 /// | route | answer |
 /// |---|---|

@@ -123,11 +123,12 @@ pub enum GatewayError {
 }
 
 /// `Retry-After` of every 503 the traffic port answers itself to a request (no eligible
-/// worker, too many connections, shut down; not the probes' or the admin API's), seconds (RFC 9110 §10.2.3). 1 s: the OpenAI Python client waits
-/// what `Retry-After` says (up to 60 s) instead of its own backoff (0.5 s, doubling, up to
-/// 8 s), and a worker's breaker or health standing can change within a second (a passed
-/// half-open probe, a re-added worker), so a client is not held back longer than the
-/// earliest moment a retry could succeed.
+/// worker, too many connections, shut down; not the probes' or the admin API's), seconds
+/// (RFC 9110 §10.2.3). 1 s: the OpenAI Python client waits what `Retry-After` says (up to
+/// 60 s) instead of its own backoff (0.5 s, doubling, up to 8 s), and a worker's breaker or
+/// health standing can change within a second (a passed half-open probe, a re-added
+/// worker), so a client is not held back longer than the earliest moment a retry could
+/// succeed.
 pub const RETRY_AFTER_SECS: &str = "1";
 
 /// OpenAI error `type` for a status: `invalid_request_error` for 4xx, else `server_error`
