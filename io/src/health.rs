@@ -9,9 +9,9 @@
 //! [`defaults::HEALTH_CHECK_UNHEALTHY_INTERVAL_MS`] (when shorter) for rounds of the unhealthy
 //! workers only between them: a worker that was down, or not up yet at start-up, is back in
 //! rotation within seconds. (A round of the unhealthy ones that waits on a hung worker
-//! delays the next round of every worker by up to two timeouts.) A worker that comes back after being unhealthy is purged from every
-//! index first: it was restarted or lost its cache, and its engine re-announces what it
-//! holds. The thread ends once the gateway's state is dropped.
+//! delays the next round of every worker by up to two timeouts.) A worker that comes back
+//! after being unhealthy is purged from every index first: it was restarted or lost its
+//! cache, and its engine re-announces what it holds. The thread ends once the gateway's state is dropped.
 //!
 //! Also [`http_get`], the small blocking HTTP/1.0 client the background threads share (this
 //! one and the load reports of [`crate::load_poll`]).
@@ -39,7 +39,7 @@ const MAX_RESPONSE_BYTES: u64 = 4 * 1024 * 1024;
 pub struct Checks {
     /// Time between two rounds of every worker.
     pub interval: Duration,
-    /// Time between two rounds of the unhealthy workers (at most `interval`).
+    /// Time between two rounds of the unhealthy workers (taken up to `interval`).
     pub unhealthy_interval: Duration,
     /// Time allowed per request (connect, then each read).
     pub timeout: Duration,
@@ -49,15 +49,10 @@ impl Checks {
     /// The checks of `cfg`; `None` when `health_check_interval_secs` is 0 (off: every worker
     /// counts as healthy, and its models come from its spec only).
     pub fn of(cfg: &Config) -> Option<Checks> {
-        (cfg.health_check_interval_secs > 0).then(|| {
-            let interval = Duration::from_secs(cfg.health_check_interval_secs);
-            Checks {
-                interval,
-                unhealthy_interval: interval.min(Duration::from_millis(
-                    defaults::HEALTH_CHECK_UNHEALTHY_INTERVAL_MS,
-                )),
-                timeout: Duration::from_secs(cfg.health_check_timeout_secs),
-            }
+        (cfg.health_check_interval_secs > 0).then(|| Checks {
+            interval: Duration::from_secs(cfg.health_check_interval_secs),
+            unhealthy_interval: Duration::from_millis(defaults::HEALTH_CHECK_UNHEALTHY_INTERVAL_MS),
+            timeout: Duration::from_secs(cfg.health_check_timeout_secs),
         })
     }
 }
