@@ -777,7 +777,7 @@ pub fn simulate(
             let (ids, text) = prompts.prompt(r, &trace.meta[i], with_text);
             let key = RouteKey {
                 text: text.unwrap_or_default(),
-                input_ids: with_ids.then(|| std::sync::Arc::from(ids.as_slice())),
+                input_ids: with_ids.then(|| ids.as_slice().into()),
                 ..RouteKey::default()
             };
             // Common random numbers: request i's tie-breaks draw from its own stream, so two

@@ -18,7 +18,10 @@
 //! 4. the Qwen3 template rendered for the new messages only ([`kvroute_tokenize::native`]),
 //!    and the tokenizer run on that text only. The cached text ends where a message ends,
 //!    just before the next `<|im_start|>` (a template cut: the ids of the pieces concatenate
-//!    to the ids of the whole, `kvroute_tokenize::incremental`).
+//!    to the ids of the whole, `kvroute_tokenize::incremental`);
+//! 5. the key's ids: the cached ones then the new ones, appended in place to the
+//!    conversation's buffer ([`TokenIds::head_then`]), so no step copies the conversation's
+//!    ids (the routing text, needed only for a key left in text mode, is a [`Chain`]).
 //!
 //! Why this is exact: the cached bytes were a valid prefix of a body that parsed, and JSON
 //! parsing is left to right, so any body with the same first bytes is in the same state
@@ -40,7 +43,7 @@
 //! O(evicted).
 
 use crate::CoreError;
-use crate::copy::{copy_unaliased, shared_slice};
+use crate::ids::TokenIds;
 use crate::route_key::{Endpoint, Messages, RouteKey, TokenSource, key_from_fields, parse_fields};
 use crate::tokens::{BlockKeyMemo, BlockKeys, ShardTokenizers};
 use kvroute_tokenize::native::{self, PlainMessage, RenderOptions};
@@ -82,12 +85,11 @@ struct Prefix {
     /// The last covered message would be wrapped if it were a body's last
     /// ([`native::think_wrapped`]).
     last_wrappable: bool,
-    /// Token ids of the template text of the covered messages: the first `tokens` of `ids`.
-    ids: Arc<Chain<Vec<u32>>>,
-    tokens: usize,
+    /// Token ids of the template text of the covered messages.
+    ids: TokenIds,
     /// Routing text ([`RouteKey::text`]) of the covered messages: the first `text_len` bytes
     /// of `text`. (Their media keys are none: a message in scope has string content.)
-    text: Arc<Chain<String>>,
+    text: Arc<Chain>,
     text_len: usize,
     /// Block keys of the ids of the request that made this entry, once the router computed
     /// them ([`crate::tokens::BlockKeyMemo`]); shared by that request's entries.
@@ -99,49 +101,24 @@ struct Prefix {
 /// conversation, amortises to O(new) per turn).
 const MAX_LINKS: usize = 16;
 
-/// What a [`Chain`] link holds: a `Vec<u32>` of ids or a `String` of text.
-trait Seq: Default {
-    /// Length (ids, or bytes).
-    fn seq_len(&self) -> usize;
-    /// Appends the first `n` items of `self` to `out` (text: `n` is a char boundary).
-    fn push_head(&self, n: usize, out: &mut Self);
-}
-
-impl Seq for Vec<u32> {
-    fn seq_len(&self) -> usize {
-        self.len()
-    }
-    fn push_head(&self, n: usize, out: &mut Self) {
-        out.extend_from_slice(&self[..n]);
-    }
-}
-
-impl Seq for String {
-    fn seq_len(&self) -> usize {
-        self.len()
-    }
-    fn push_head(&self, n: usize, out: &mut Self) {
-        out.push_str(&self[..n]);
-    }
-}
-
-/// An immutable sequence shared by cache entries without copying it per turn: the first
-/// `parent.1` items of `parent.0`, then `own`. A turn's entries link to the prefix they
-/// extend and hold only the new items, so caching a turn costs O(new). A link keeps its
+/// The routing text of a conversation, shared by cache entries without copying it per turn:
+/// the first `parent.1` bytes of `parent.0`, then `own`. A turn's entries link to the prefix
+/// they extend and hold only the new text, so caching a turn costs O(new). A link keeps its
 /// ancestors alive after their own entries are evicted; [`Prefix::cost`] charges an entry
 /// for everything it reads, and a child reads all of its parent ([`Chain::extend`]), so the
-/// budget bounds memory as it did when each request's entries shared one flat buffer.
+/// budget bounds memory as it did when each request's entries shared one flat buffer. (The
+/// ids are a [`TokenIds`], which appends in place instead.)
 #[derive(Debug, Default)]
-struct Chain<S> {
-    parent: Option<(Arc<Chain<S>>, usize)>,
-    own: S,
+struct Chain {
+    parent: Option<(Arc<Chain>, usize)>,
+    own: String,
     /// Links from here to the root, this one included.
     links: usize,
 }
 
-impl<S: Seq> Chain<S> {
+impl Chain {
     /// A root link holding `own`.
-    fn root(own: S) -> Self {
+    fn root(own: String) -> Self {
         Self {
             parent: None,
             own,
@@ -149,45 +126,36 @@ impl<S: Seq> Chain<S> {
         }
     }
 
-    /// Items in the whole chain.
+    /// Bytes in the whole chain.
     fn len(&self) -> usize {
-        self.parent.as_ref().map_or(0, |p| p.1) + self.own.seq_len()
+        self.parent.as_ref().map_or(0, |p| p.1) + self.own.len()
     }
 
-    /// The links holding the chain's first `n` items (`n <= self.len()`), last first: each
-    /// link's own items and how many of them are read.
-    fn segments(&self, mut n: usize) -> ([Option<(&S, usize)>; MAX_LINKS], usize) {
-        let mut segments: [Option<(&S, usize)>; MAX_LINKS] = [None; MAX_LINKS];
-        let mut count = 0;
-        let mut link = Some(self);
-        while let Some(l) = link {
+    /// Appends the chain's first `n` bytes (`n <= self.len()`, a char boundary) to `out`.
+    fn push_head(&self, n: usize, out: &mut String) {
+        let mut segments: [Option<&str>; MAX_LINKS] = [None; MAX_LINKS];
+        let (mut count, mut n, mut link) = (0, n, Some(self));
+        while let Some(l) = link
+            && n > 0
+        {
             let before = l.parent.as_ref().map_or(0, |p| p.1);
             if n > before {
-                segments[count] = Some((&l.own, n - before));
+                segments[count] = Some(&l.own[..n - before]);
                 count += 1;
                 n = before;
             }
             link = l.parent.as_ref().map(|p| &*p.0);
-            if n == 0 {
-                break;
-            }
         }
-        (segments, count)
-    }
-
-    /// Appends the chain's first `n` items (`n <= self.len()`) to `out`.
-    fn push_head(&self, n: usize, out: &mut S) {
-        let (segments, count) = self.segments(n);
-        for (own, k) in segments[..count].iter().rev().flatten() {
-            own.push_head(*k, out);
+        for own in segments[..count].iter().rev().flatten() {
+            out.push_str(own);
         }
     }
 
-    /// The chain of the first `n` items of `parent` then `own`: a new link when it reads all
+    /// The chain of the first `n` bytes of `parent` then `own`: a new link when it reads all
     /// of `parent` (a conversation that grew), else (an edited turn, or `parent` has
     /// [`MAX_LINKS`] links already) one root link holding a copy of everything, so a link
-    /// never keeps items alive that no entry reads past its own.
-    fn extend(parent: &Arc<Self>, n: usize, own: S) -> Self {
+    /// never keeps text alive that no entry reads past its own.
+    fn extend(parent: &Arc<Self>, n: usize, own: String) -> Self {
         if n == parent.len() && parent.links < MAX_LINKS {
             return Self {
                 parent: Some((Arc::clone(parent), n)),
@@ -195,42 +163,20 @@ impl<S: Seq> Chain<S> {
                 links: parent.links + 1,
             };
         }
-        let mut all = S::default();
+        let mut all = String::with_capacity(n + own.len());
         parent.push_head(n, &mut all);
-        own.push_head(own.seq_len(), &mut all);
+        all.push_str(&own);
         Self::root(all)
     }
 }
 
-impl Chain<Vec<u32>> {
-    /// The chain's first `n` ids (`n <= self.len()`) then `tail`, in one shared buffer of
-    /// exactly their length: one copy of each id (what a request's key holds, and the indexes
-    /// then share without copying).
-    fn head_then(&self, n: usize, tail: &[u32]) -> Arc<[u32]> {
-        let (segments, count) = self.segments(n);
-        let mut out = Arc::<[u32]>::new_uninit_slice(n + tail.len());
-        let dst = Arc::get_mut(&mut out).expect("a new Arc has no other owner");
-        let mut at = 0;
-        let parts = segments[..count].iter().rev().flatten();
-        for part in parts.map(|(own, k)| &own[..*k]).chain([tail]) {
-            copy_unaliased(&mut dst[at..at + part.len()], part);
-            at += part.len();
-        }
-        assert_eq!(at, dst.len(), "the segments cover the head");
-        // SAFETY: the segments hold `n` ids (`segments` reads exactly the first `n`), so the
-        // writes above initialised `dst[..n]` and then `dst[n..]` from `tail`, every element
-        // exactly once (the assert checks the count).
-        unsafe { out.assume_init() }
-    }
-}
-
 impl Prefix {
-    /// Budget charge, token-equivalents: ids, the text at 4 bytes per token, and the block
-    /// keys (8 bytes a block, at 16 tokens a block or more: 1/8 of the ids). Charged per
-    /// entry although entries of one request share buffers, so the budget bounds memory from
-    /// above.
+    /// Budget charge, token-equivalents: the ids' whole buffer (its capacity, room for later
+    /// turns included), the text at 4 bytes per token, and the block keys (8 bytes a block,
+    /// at 16 tokens a block or more: 1/8 of the ids). Charged per entry although entries of
+    /// one conversation share buffers, so the budget bounds memory from above.
     fn cost(&self) -> usize {
-        self.tokens + self.text_len.div_ceil(4) + self.tokens.div_ceil(8)
+        self.ids.capacity() + self.text_len.div_ceil(4) + self.ids.len().div_ceil(8)
     }
 }
 
@@ -650,9 +596,8 @@ impl ShardTokenizers {
             let wrapped = native::think_wrapped(m, first + j, count, last_query);
             native::render_message(&mut rendered, m, wrapped);
             new_ids.extend(t.tokenizer().try_encode(&rendered).ok()?);
-            b.push_tokens(prefix.tokens + new_ids.len(), wrapped);
+            b.push_tokens(prefix.ids.len() + new_ids.len(), wrapped);
         }
-        let upto = new_ids.len();
         rendered.clear();
         native::render_generation(&mut rendered, parsed.opts);
         if !rendered.is_empty() {
@@ -662,24 +607,26 @@ impl ShardTokenizers {
         let reuse = prefix
             .block_keys
             .get()
-            .map(|k| (Arc::clone(k), prefix.tokens));
+            .map(|k| (Arc::clone(k), prefix.ids.len()));
         key.block_key_memo = BlockKeyMemo::new(reuse, Arc::clone(&slot));
-        if prefix.tokens + new_ids.len() == 0 {
+        // In the buffer of the conversation's ids when this request extends its end (module
+        // doc of `crate::ids`): no copy of the cached ids.
+        let ids = prefix.ids.head_then(prefix.ids.len(), &new_ids);
+        if ids.is_empty() {
             key.text = whole_text(&new_text);
         } else {
-            key.input_ids = Some(prefix.ids.head_then(prefix.tokens, &new_ids));
+            key.input_ids = Some(ids.clone());
             key.token_source = TokenSource::Prompt;
         }
-        new_ids.truncate(upto);
         let cached = Cached {
             key: prefix.key,
             tokenizer: t.cache_id(),
             block_keys: slot,
-            ids: Chain::extend(&prefix.ids, prefix.tokens, new_ids),
+            ids,
             text: Chain::extend(&prefix.text, prefix.text_len, new_text),
         };
         insert(&chat, body, cands, &b, first, cached);
-        Some(Ok((key, prefix.tokens)))
+        Some(Ok((key, prefix.ids.len())))
     }
 
     /// The miss path for a chat `body` that `key` was parsed from (by
@@ -743,25 +690,25 @@ impl ShardTokenizers {
         for (j, n) in tokens.iter().enumerate() {
             b.push_tokens(n.unwrap_or(0), wrapped[j] || n.is_none());
         }
-        let upto = tokens.iter().flatten().copied().max().unwrap_or(0);
         let slot = Arc::new(OnceLock::new());
         key.block_key_memo = BlockKeyMemo::new(None, Arc::clone(&slot));
+        // One copy, with room for the next turns ([`TokenIds::head_then`]).
+        let ids = TokenIds::with_headroom(&ids);
+        let text = if ids.is_empty() {
+            key.text.clone()
+        } else {
+            key.input_ids = Some(ids.clone());
+            key.token_source = TokenSource::Prompt;
+            std::mem::take(&mut key.text)
+        };
         let cached = Cached {
             key: layout.key,
             tokenizer: t.cache_id(),
             block_keys: slot,
-            ids: Chain::root(ids[..upto].to_vec()),
-            text: Chain::root(if ids.is_empty() {
-                key.text.clone()
-            } else {
-                std::mem::take(&mut key.text)
-            }),
+            ids,
+            text: Chain::root(text),
         };
         insert(&chat, body, cands, &b, 0, cached);
-        if !ids.is_empty() {
-            key.input_ids = Some(shared_slice(&ids));
-            key.token_source = TokenSource::Prompt;
-        }
         Some(Ok(reused))
     }
 }
@@ -772,8 +719,8 @@ struct Cached {
     key: usize,
     tokenizer: usize,
     block_keys: Arc<OnceLock<Arc<BlockKeys>>>,
-    ids: Chain<Vec<u32>>,
-    text: Chain<String>,
+    ids: TokenIds,
+    text: Chain,
 }
 
 /// Per message of a request (from its first new one): where it ends in the body, and the
@@ -860,7 +807,6 @@ fn insert(
     }
     debug_assert!(b.tokens.iter().all(|&t| t <= c.ids.len()));
     debug_assert!(b.text_len.iter().all(|&t| t <= c.text.len()));
-    let ids = Arc::new(c.ids);
     let text = Arc::new(c.text);
     let mut out = Vec::with_capacity(ENTRIES_PER_REQUEST);
     for j in n.saturating_sub(ENTRIES_PER_REQUEST)..n {
@@ -879,8 +825,7 @@ fn insert(
             messages: first + j + 1,
             last_query: b.last_query[j],
             last_wrappable: b.wrappable[j],
-            ids: Arc::clone(&ids),
-            tokens: b.tokens[j],
+            ids: c.ids.head(b.tokens[j]),
             text: Arc::clone(&text),
             text_len: b.text_len[j],
             block_keys: Arc::clone(&c.block_keys),
@@ -944,26 +889,29 @@ mod tests {
     }
 
     #[test]
-    fn head_then_equals_push_head_then_the_tail() {
-        // Links of 3, 0, 4 and 2 ids, then an edited link (a root copy): every head length
-        // of each, with and without a tail.
-        let root = Arc::new(Chain::root(vec![1u32, 2, 3]));
-        let empty = Arc::new(Chain::extend(&root, 3, Vec::new()));
-        let four = Arc::new(Chain::extend(&empty, 3, vec![4, 5, 6, 7]));
-        let two = Arc::new(Chain::extend(&four, 7, vec![8, 9]));
-        let edited = Arc::new(Chain::extend(&two, 5, vec![10]));
+    fn a_chain_reads_every_head_of_its_links() {
+        // Links of 3, 0, 4 and 2 bytes, then an edited link (a root copy): every head of each
+        // against the flat text.
+        let root = Arc::new(Chain::root("abc".into()));
+        let empty = Arc::new(Chain::extend(&root, 3, String::new()));
+        let four = Arc::new(Chain::extend(&empty, 3, "defg".into()));
+        let two = Arc::new(Chain::extend(&four, 7, "hi".into()));
+        let edited = Arc::new(Chain::extend(&two, 5, "X".into()));
         assert_eq!((two.links, edited.links), (4, 1));
-        for chain in [&root, &empty, &four, &two, &edited] {
-            for n in 0..=chain.len() {
-                for tail in [&[][..], &[42, 43][..]] {
-                    let mut want = Vec::new();
-                    chain.push_head(n, &mut want);
-                    want.extend_from_slice(tail);
-                    assert_eq!(chain.head_then(n, tail)[..], want[..], "n {n}");
-                }
+        for (chain, flat) in [
+            (&root, "abc"),
+            (&empty, "abc"),
+            (&four, "abcdefg"),
+            (&two, "abcdefghi"),
+            (&edited, "abcdeX"),
+        ] {
+            assert_eq!(chain.len(), flat.len());
+            for n in 0..=flat.len() {
+                let mut out = String::from(">");
+                chain.push_head(n, &mut out);
+                assert_eq!(out, format!(">{}", &flat[..n]), "n {n}");
             }
         }
-        assert_eq!(edited.head_then(6, &[])[..], [1, 2, 3, 4, 5, 10]);
     }
 
     #[test]
@@ -1040,6 +988,23 @@ mod tests {
         // Reused: the ids of both turn-1 messages, i.e. all of turn 1 but its generation prompt.
         let generation = qwen().encode("<|im_start|>assistant\n").len();
         assert_eq!(a2.reused, k1.input_ids.as_ref().unwrap().len() - generation);
+        // Turn 2's ids extend turn 1's buffer in place (the assistant message starts with the
+        // generation prompt turn 1 wrote there), and turn 1's key still reads its own.
+        let (ids1, ids2) = (
+            k1.input_ids.as_ref().unwrap(),
+            k2.input_ids.as_ref().unwrap(),
+        );
+        assert!(ids2.shares_buffer(ids1));
+        assert_eq!(ids1[..], qwen().encode(want)[..]);
+        assert_eq!((k2.clone(), false), reference(&mut r, &b2).unwrap());
+        // An edited turn 2 (another question) branches into a buffer of its own, and leaves
+        // turn 2's ids as they were.
+        let q2b = json!({"role": "user", "content": "3+3?"});
+        let turn2b = json!({"messages": [sys, q1, a, q2b], "model": "m", "stream": true});
+        let b2b = serde_json::to_vec(&turn2b).unwrap();
+        let (k2b, _) = routed(&mut s, &b2b).unwrap();
+        assert!(!k2b.input_ids.as_ref().unwrap().shares_buffer(ids1));
+        assert_eq!((k2b, false), reference(&mut r, &b2b).unwrap());
         assert_eq!((k2, false), reference(&mut r, &b2).unwrap());
     }
 

@@ -6,7 +6,8 @@
 //! - [`workers::Workers`]: the worker registry with atomic in-flight counts shared by all
 //!   shards, changed at run time; [`workers::LoadGuard`] is the RAII token that counts one
 //!   request, [`health`] the breaker, health and retry state machines.
-//! - [`route_key::RouteKey`]: what routing needs from a request body.
+//! - [`route_key::RouteKey`]: what routing needs from a request body; its token ids are
+//!   [`ids::TokenIds`], shared and extended in place turn by turn.
 //! - [`chat_prefix::ChatCache`]: a chat turn's key and token ids from the state after its
 //!   previous messages.
 //! - [`tokens::Tokenizers`] / [`tokens::ShardTokenizers`]: token ids for routing (body,
@@ -26,6 +27,7 @@ pub mod discovery;
 pub mod error;
 pub mod events;
 pub mod health;
+pub mod ids;
 pub mod load;
 pub mod metrics;
 pub mod policy;

@@ -12,7 +12,6 @@ use serde::de::{
 };
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::Arc;
 
 /// The inference endpoints kvroute routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +43,7 @@ pub struct RouteKey {
     /// [`crate::tokens`] then fills them from the `x-kvroute-routing-tokens` header or the
     /// rendered and tokenized prompt when a tokenizer is configured. `Some` → token-mode
     /// routing. Shared, so that recording them in an index costs no copy.
-    pub input_ids: Option<Arc<[u32]>>,
+    pub input_ids: Option<crate::ids::TokenIds>,
     /// Where `input_ids` came from.
     pub token_source: TokenSource,
     /// Cache partition: [`namespace_hash`] of `cache_salt`, `extra_key` and the LoRA adapter
@@ -217,7 +216,7 @@ pub(crate) fn key_from_fields(endpoint: Endpoint, f: Fields<'_>) -> Result<Route
             None | Some(Prompt::Null) => return Err(CoreError::MissingField { field: "prompt" }),
             Some(Prompt::Text(t)) => key.text = t.into_owned(),
             Some(Prompt::Empty) => {}
-            Some(Prompt::Ids(ids)) => key.input_ids = Some(crate::copy::shared_slice(&ids)),
+            Some(Prompt::Ids(ids)) => key.input_ids = Some(ids.into()),
             Some(Prompt::Invalid) => {
                 return Err(CoreError::WrongType {
                     field: "prompt",
@@ -227,9 +226,7 @@ pub(crate) fn key_from_fields(endpoint: Endpoint, f: Fields<'_>) -> Result<Route
         },
         Endpoint::Generate => {
             match f.input_ids {
-                Some(Prompt::Ids(ids)) if !ids.is_empty() => {
-                    key.input_ids = Some(crate::copy::shared_slice(&ids))
-                }
+                Some(Prompt::Ids(ids)) if !ids.is_empty() => key.input_ids = Some(ids.into()),
                 None | Some(Prompt::Null | Prompt::Empty | Prompt::Ids(_)) => {}
                 Some(Prompt::Text(_)) | Some(Prompt::Invalid) => {
                     return Err(CoreError::WrongType {

@@ -371,7 +371,7 @@ impl ShardTokenizers {
         if let Some(value) = header {
             match parse_routing_tokens(value) {
                 Ok(ids) => {
-                    key.input_ids = Some(crate::copy::shared_slice(&ids));
+                    key.input_ids = Some(ids.into());
                     key.token_source = TokenSource::Header;
                     return out;
                 }
@@ -395,7 +395,7 @@ impl ShardTokenizers {
         match inc.encode(&text, key.namespace) {
             Ok(enc) if !enc.ids.is_empty() => {
                 out.reused_tokens = enc.reused_tokens;
-                key.input_ids = Some(crate::copy::shared_slice(&enc.ids));
+                key.input_ids = Some(enc.ids[..].into());
                 key.token_source = TokenSource::Prompt;
             }
             Ok(_) => {}

@@ -50,6 +50,7 @@ mod round_robin;
 pub mod wait;
 
 use crate::config::{Config, PolicyKind};
+use crate::ids::TokenIds;
 use crate::load::active::Booking;
 use crate::route_key::RouteKey;
 use crate::tokens::BlockKeys;
@@ -344,7 +345,7 @@ pub enum TreeOp<K> {
 #[derive(Debug, Clone)]
 pub enum HashOp {
     /// Record token ids for a worker at a time (ms since the router started).
-    Record(Namespace, Arc<[u32]>, TenantId, u64),
+    Record(Namespace, TokenIds, TenantId, u64),
     /// Forget a worker everywhere.
     RemoveTenant(TenantId),
 }
@@ -358,7 +359,7 @@ fn apply_string(t: &mut StringTree, op: &TreeOp<Box<str>>) {
     }
 }
 
-fn apply_token(t: &mut TokenTree, op: &TreeOp<Arc<[u32]>>) {
+fn apply_token(t: &mut TokenTree, op: &TreeOp<TokenIds>) {
     match op {
         TreeOp::Insert(ns, ids, w) => t.insert(*ns, ids, *w),
         TreeOp::InsertKeyed(ns, ids, w, keys) => t.insert_keyed(*ns, ids, *w, &keys.keys),
@@ -432,7 +433,7 @@ pub struct ModelIndexes {
     /// Text requests (chars).
     pub strings: LeftRight<StringTree, TreeOp<Box<str>>>,
     /// Token-id requests (whole pages of `block_size`).
-    pub tokens: LeftRight<TokenTree, TreeOp<Arc<[u32]>>>,
+    pub tokens: LeftRight<TokenTree, TreeOp<TokenIds>>,
     /// Hash mode only.
     pub hash: Option<LeftRight<HashIndex, HashOp>>,
     /// Page keys other router replicas reported ([`crate::sync`]); empty without sync.
@@ -1047,10 +1048,10 @@ impl Router {
         let ns: Namespace = key.namespace;
         let worker = decision.worker as TenantId;
         match (ids, &idx.hash) {
-            (Some(ids), Some(h)) => h.write(HashOp::Record(ns, Arc::clone(ids), worker, now_ms)),
+            (Some(ids), Some(h)) => h.write(HashOp::Record(ns, ids.clone(), worker, now_ms)),
             // With the keys Router::request left in the key's memo at the tree's block size.
             (Some(ids), None) => {
-                let ids = Arc::clone(ids);
+                let ids = ids.clone();
                 idx.tokens
                     .write(match key.block_key_memo.kept(ns, self.block_size) {
                         Some(keys) => TreeOp::InsertKeyed(ns, ids, worker, keys),
