@@ -1024,19 +1024,28 @@ mod tests {
             block_size: 8,
             ..Config::default()
         });
-        let mut known = Vec::new();
+        let (mut known, mut keys16, mut shared) = (Vec::new(), Vec::new(), Vec::new());
         for turn in 0..4 {
             let b = serde_json::to_vec(&json!({"model": "m", "cache_salt": "x", "messages": msgs}))
                 .unwrap();
             let (key, _) = routed(&mut s, &b).unwrap();
             let ids = key.input_ids.as_deref().unwrap();
-            known.push(key.block_key_memo.known(key.namespace, 16).len());
+            known.push(
+                key.block_key_memo
+                    .known(key.namespace, 16)
+                    .map_or(0, |k| k.len()),
+            );
             // The 8-token router never finds keys of its block size in the memo (r16 fills
             // it first), and computes them all; both equal the whole computation.
-            assert!(key.block_key_memo.known(key.namespace, 8).is_empty());
-            assert!(key.block_key_memo.known(key.namespace ^ 1, 16).is_empty());
+            assert!(key.block_key_memo.known(key.namespace, 8).is_none());
+            assert!(key.block_key_memo.known(key.namespace ^ 1, 16).is_none());
             let f16 = r16.request(&key);
             let f8 = r8.request(&key);
+            // A later turn's keys extend the turn before's in its buffer (`crate::ids`).
+            if let Some(before) = keys16.last() {
+                shared.push(f16.block_keys.shares_buffer(before));
+            }
+            keys16.push(f16.block_keys.clone());
             assert_eq!(
                 *f16.block_keys,
                 *kvroute_index::keys::block_keys_in(key.namespace, ids, 16)
@@ -1052,6 +1061,7 @@ mod tests {
         // long system message (~300 tokens / 16).
         assert_eq!(known[0], 0);
         assert!(known[1..].iter().all(|&k| k >= 300 / 16), "{known:?}");
+        assert_eq!(shared, [true; 3]);
     }
 
     #[test]

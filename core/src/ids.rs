@@ -1,5 +1,6 @@
-//! [`TokenIds`]: a request's token ids, shared without copying, and extended in place when a
-//! conversation's next turn appends to them.
+//! [`TokenIds`] and [`BlockKeySeq`]: a request's token ids and block keys, shared without
+//! copying, and extended in place when a conversation's next turn appends to them
+//! ([`Shared`]).
 //!
 //! A chat client resends the whole conversation every turn, so the router's ids for turn
 //! N+1 are turn N's ids up to its last message, then the new messages' ids
@@ -13,7 +14,8 @@
 //!
 //! A request that extends a head some other request already extended differently (an edited
 //! or regenerated turn, two branches of one conversation) gets a new buffer: the head is
-//! copied once, as before.
+//! copied once, as before. A turn's block keys ([`crate::policy::Router::request`]) extend
+//! the previous turn's the same way (2,080 keys at 33k tokens were copied three times).
 //!
 //! # Invariants
 //! 1. A buffer's `filled` (behind its mutex) only grows, up to the capacity; the ids
@@ -34,24 +36,24 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::copy::copy_unaliased;
 
-/// Ids of room a buffer keeps past its end at least (256 bytes): a short reply and question
+/// Items of room a buffer keeps past its end at least (256 bytes of ids): a short reply and question
 /// extend a short conversation in place. Kept small because the chat prefix cache charges
 /// a buffer's capacity ([`TokenIds::capacity`]) and copying a short head again costs little;
 /// the room that saves copies is a long conversation's half ([`grown`]).
 pub const MIN_HEADROOM: usize = 64;
 
-/// Capacity, ids, of a buffer made for `len` ids that later turns may extend: `len` + half
+/// Capacity, items, of a buffer made for `len` items that later turns may extend: `len` + half
 /// of it + [`MIN_HEADROOM`]. A 1.5× growth factor (folly's `fbvector`, MSVC's `std::vector`)
-/// bounds the copies of a growing conversation to O(1) amortised per id while wasting at
+/// bounds the copies of a growing conversation to O(1) amortised per item while wasting at
 /// most a third of a buffer.
 pub fn grown(len: usize) -> usize {
     len + len / 2 + MIN_HEADROOM
 }
 
-/// An append-only buffer of ids (module invariants).
-struct IdBuffer {
-    slots: Box<[UnsafeCell<MaybeUninit<u32>>]>,
-    /// Initialised ids from the start (invariant 1).
+/// An append-only buffer (module invariants).
+struct Buffer<T> {
+    slots: Box<[UnsafeCell<MaybeUninit<T>>]>,
+    /// Initialised items from the start (invariant 1).
     filled: Mutex<usize>,
 }
 
@@ -59,16 +61,16 @@ struct IdBuffer {
 // written again, invariants 1 and 3), or writes `[filled..new]` with the mutex held
 // (invariant 2), which no reader reads (its `len` is at most the `filled` it saw) and no other
 // writer touches (the mutex). So no two threads access one slot unless both read it.
-unsafe impl Sync for IdBuffer {}
+unsafe impl<T: Send + Sync> Sync for Buffer<T> {}
 
-impl IdBuffer {
-    /// An empty buffer of `capacity` ids.
+impl<T: Copy> Buffer<T> {
+    /// An empty buffer of `capacity` items.
     fn new(capacity: usize) -> Self {
-        let slots: Box<[MaybeUninit<u32>]> = Box::new_uninit_slice(capacity);
+        let slots: Box<[MaybeUninit<T>]> = Box::new_uninit_slice(capacity);
         // SAFETY: `UnsafeCell<T>` is `repr(transparent)` over `T`, so the two slices have one
         // layout and the pointer cast keeps the allocation's length and provenance.
         let slots =
-            unsafe { Box::from_raw(Box::into_raw(slots) as *mut [UnsafeCell<MaybeUninit<u32>>]) };
+            unsafe { Box::from_raw(Box::into_raw(slots) as *mut [UnsafeCell<MaybeUninit<T>>]) };
         Self {
             slots,
             filled: Mutex::new(0),
@@ -80,13 +82,16 @@ impl IdBuffer {
         self.filled.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Appends `src` after the `filled` ids, which the caller holds the lock of.
+    /// Appends `src` after the `filled` items, which the caller holds the lock of.
     ///
     /// # Panics
     /// When `src` does not fit in the capacity.
-    fn append(&self, filled: &mut MutexGuard<'_, usize>, src: &[u32]) {
+    fn append(&self, filled: &mut MutexGuard<'_, usize>, src: &[T]) {
         let at = **filled;
-        assert!(at + src.len() <= self.slots.len(), "the ids fit the buffer");
+        assert!(
+            at + src.len() <= self.slots.len(),
+            "the items fit the buffer"
+        );
         let base = UnsafeCell::raw_get(self.slots.as_ptr());
         // SAFETY: `[at..at + src.len()]` is inside the allocation (the assert); with the lock
         // held and `at == filled`, no reader reads these slots and no one else writes them
@@ -96,35 +101,49 @@ impl IdBuffer {
         **filled = at + src.len();
     }
 
-    /// Ids `[from..to]`.
+    /// Items `[from..to]`.
     ///
     /// # Safety
     /// `to` is at most a `filled` this buffer had (invariant 1: initialised, never written).
-    unsafe fn read(&self, from: usize, to: usize) -> &[u32] {
+    unsafe fn read(&self, from: usize, to: usize) -> &[T] {
         debug_assert!(from <= to && to <= self.slots.len());
-        let base = UnsafeCell::raw_get(self.slots.as_ptr()) as *const u32;
-        // SAFETY: the caller's contract; `MaybeUninit<u32>` has the layout of `u32`.
+        let base = UnsafeCell::raw_get(self.slots.as_ptr()) as *const T;
+        // SAFETY: the caller's contract; `MaybeUninit<T>` has the layout of `T`.
         unsafe { std::slice::from_raw_parts(base.add(from), to - from) }
     }
 }
 
-/// A request's token ids (module doc): derefs to `[u32]`; cloning shares them (one atomic
-/// increment).
-#[derive(Clone)]
-pub struct TokenIds {
-    buf: Arc<IdBuffer>,
+/// The first `len` items of an append-only buffer (module doc): derefs to `[T]`; cloning
+/// shares them (one atomic increment).
+pub struct Shared<T> {
+    buf: Arc<Buffer<T>>,
     len: usize,
 }
 
-impl TokenIds {
-    /// `ids` in a buffer of [`grown`] capacity, for a prompt later turns extend.
-    pub fn with_headroom(ids: &[u32]) -> Self {
-        Self::in_buffer(ids, &[], grown(ids.len()))
+/// A request's token ids.
+pub type TokenIds = Shared<u32>;
+
+/// A request's block keys ([`kvroute_index::keys::block_keys_in`]).
+pub type BlockKeySeq = Shared<u64>;
+
+impl<T> Clone for Shared<T> {
+    fn clone(&self) -> Self {
+        Self {
+            buf: Arc::clone(&self.buf),
+            len: self.len,
+        }
+    }
+}
+
+impl<T: Copy + PartialEq> Shared<T> {
+    /// `items` in a buffer of [`grown`] capacity, for a prompt later turns extend.
+    pub fn with_headroom(items: &[T]) -> Self {
+        Self::in_buffer(items, &[], grown(items.len()))
     }
 
-    /// `head` then `tail` in a new buffer of `capacity` ids (≥ their sum).
-    fn in_buffer(head: &[u32], tail: &[u32], capacity: usize) -> Self {
-        let buf = IdBuffer::new(capacity);
+    /// `head` then `tail` in a new buffer of `capacity` items (≥ their sum).
+    fn in_buffer(head: &[T], tail: &[T], capacity: usize) -> Self {
+        let buf = Buffer::new(capacity);
         {
             let mut filled = buf.lock();
             buf.append(&mut filled, head);
@@ -136,19 +155,19 @@ impl TokenIds {
         }
     }
 
-    /// The first `n` ids (`n <= self.len()`), sharing the buffer.
+    /// The first `n` items (`n <= self.len()`), sharing the buffer.
     ///
     /// # Panics
     /// When `n > self.len()`.
     pub fn head(&self, n: usize) -> Self {
-        assert!(n <= self.len, "a head of at most the ids");
+        assert!(n <= self.len, "a head of at most the items");
         Self {
             buf: Arc::clone(&self.buf),
             len: n,
         }
     }
 
-    /// The first `n` ids (`n <= self.len()`) then `tail`. In this buffer when what it holds
+    /// The first `n` items (`n <= self.len()`) then `tail`. In this buffer when what it holds
     /// past `n` is a prefix of `tail` (nothing, or what this request wrote after its head,
     /// such as a generation prompt the next turn's message starts with) and `tail` fits: the
     /// rest of `tail` is appended, O(`tail`). The same when `tail` is already there (a
@@ -157,8 +176,8 @@ impl TokenIds {
     ///
     /// # Panics
     /// When `n > self.len()`.
-    pub fn head_then(&self, n: usize, tail: &[u32]) -> Self {
-        assert!(n <= self.len, "a head of at most the ids");
+    pub fn head_then(&self, n: usize, tail: &[T]) -> Self {
+        assert!(n <= self.len, "a head of at most the items");
         let want = n + tail.len();
         {
             let mut filled = self.buf.lock();
@@ -182,56 +201,63 @@ impl TokenIds {
         Self::in_buffer(&self[..n], tail, grown(want))
     }
 
-    /// Ids the buffer holds room for (what it costs in memory, 4 bytes each): at least
+    /// Items the buffer holds room for (what it costs in memory): at least
     /// `self.len()`, shared with every `TokenIds` of the buffer.
     pub fn capacity(&self) -> usize {
         self.buf.slots.len()
     }
 
     /// Whether `self` and `other` read one buffer (tests and benchmarks: no copy was made).
-    pub fn shares_buffer(&self, other: &TokenIds) -> bool {
+    pub fn shares_buffer(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.buf, &other.buf)
     }
 }
 
-impl Deref for TokenIds {
-    type Target = [u32];
-    fn deref(&self) -> &[u32] {
+impl<T: Copy> Deref for Shared<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
         // SAFETY: `len` was at most `filled` when `self` was made (invariant 3).
         unsafe { self.buf.read(0, self.len) }
     }
 }
 
-impl From<&[u32]> for TokenIds {
-    /// A buffer of exactly `ids.len()`: ids a later turn does not extend (a body's or a
-    /// header's), copied by [`copy_unaliased`].
-    fn from(ids: &[u32]) -> Self {
-        Self::in_buffer(ids, &[], ids.len())
+impl<T: Copy + PartialEq> Default for Shared<T> {
+    /// No items, in a buffer of none.
+    fn default() -> Self {
+        Self::from(&[][..])
     }
 }
 
-impl From<Vec<u32>> for TokenIds {
-    fn from(ids: Vec<u32>) -> Self {
-        Self::from(ids.as_slice())
+impl<T: Copy + PartialEq> From<&[T]> for Shared<T> {
+    /// A buffer of exactly `items.len()`: items a later turn does not extend (a body's or a
+    /// header's ids), copied by [`copy_unaliased`].
+    fn from(items: &[T]) -> Self {
+        Self::in_buffer(items, &[], items.len())
     }
 }
 
-impl FromIterator<u32> for TokenIds {
-    fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
-        Self::from(iter.into_iter().collect::<Vec<u32>>())
+impl<T: Copy + PartialEq> From<Vec<T>> for Shared<T> {
+    fn from(items: Vec<T>) -> Self {
+        Self::from(items.as_slice())
     }
 }
 
-impl PartialEq for TokenIds {
-    /// Equal ids, wherever they are held.
+impl<T: Copy + PartialEq> FromIterator<T> for Shared<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        Self::from(iter.into_iter().collect::<Vec<T>>())
+    }
+}
+
+impl<T: Copy + PartialEq> PartialEq for Shared<T> {
+    /// Equal items, wherever they are held.
     fn eq(&self, other: &Self) -> bool {
         **self == **other
     }
 }
 
-impl Eq for TokenIds {}
+impl<T: Copy + Eq> Eq for Shared<T> {}
 
-impl fmt::Debug for TokenIds {
+impl<T: Copy + fmt::Debug> fmt::Debug for Shared<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list().entries(self.iter()).finish()
     }

@@ -337,9 +337,9 @@ pub fn apply(msg: &SyncMsg, me: u64, router: &Router, workers: &Workers, now_ms:
                 Some(PageKeys {
                     unit: PageUnit::Tokens { block: b },
                     keys,
-                }) if *b as usize == block => (crate::copy::shared_slice(keys), 0),
+                }) if *b as usize == block => (keys[..].into(), 0),
                 _ => (
-                    std::sync::Arc::from([]),
+                    crate::ids::BlockKeySeq::default(),
                     booking.prompt_tokens / block as u64,
                 ),
             };

@@ -19,6 +19,7 @@
 use crate::CoreError;
 use crate::chat_prefix::{ChatCache, SharedChatCache, candidates};
 use crate::config::Config;
+use crate::ids::BlockKeySeq;
 use crate::route_key::{Endpoint, RouteKey, TokenSource, route_key};
 use kvroute_tokenize::incremental::{PrefixCache, SharedPrefixCache};
 use kvroute_tokenize::{IncrementalTokenizer, TokenizeError, Tokenizer};
@@ -174,7 +175,7 @@ pub struct BlockKeys {
     /// Tokens per block.
     pub block_size: usize,
     /// [`kvroute_index::keys::block_keys_in`] of the ids: one per full block.
-    pub keys: Vec<u64>,
+    pub keys: BlockKeySeq,
 }
 
 /// The block keys a [`RouteKey`]'s ids share with an earlier request (the chat prefix cache
@@ -205,26 +206,27 @@ impl BlockKeyMemo {
     }
 
     /// Keys of the key's first `n` full blocks in namespace `ns` at `block_size` that an
-    /// earlier request computed (`n` = the shared ids / `block_size`); empty when there are
-    /// none, or they were computed in another namespace or at another block size.
-    pub fn known(&self, ns: u64, block_size: usize) -> &[u64] {
+    /// earlier request computed (`n` = the shared ids / `block_size`), sharing that
+    /// request's buffer; `None` when there are none, or they were computed in another
+    /// namespace or at another block size.
+    pub fn known(&self, ns: u64, block_size: usize) -> Option<BlockKeySeq> {
         match &self.reuse {
             Some((k, tokens)) if k.namespace == ns && k.block_size == block_size => {
-                &k.keys[..k.keys.len().min(tokens / block_size)]
+                Some(k.keys.head(k.keys.len().min(tokens / block_size)))
             }
-            _ => &[],
+            _ => None,
         }
     }
 
     /// Leaves `keys` (of the key's whole ids in `ns` at `block_size`) for the requests that
-    /// extend this one; the first call wins, later ones do nothing.
-    pub fn keep(&self, ns: u64, block_size: usize, keys: &[u64]) {
+    /// extend this one, shared, not copied; the first call wins, later ones do nothing.
+    pub fn keep(&self, ns: u64, block_size: usize, keys: &BlockKeySeq) {
         if let Some(slot) = &self.fill {
             slot.get_or_init(|| {
                 Arc::new(BlockKeys {
                     namespace: ns,
                     block_size,
-                    keys: keys.to_vec(),
+                    keys: keys.clone(),
                 })
             });
         }

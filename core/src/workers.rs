@@ -22,6 +22,7 @@ use crate::config::{WorkerSpec, parse_worker_spec, parse_worker_url};
 use crate::health::{
     Breaker, BreakerConfig, BreakerState, HealthChange, HealthConfig, HealthTracker, Outcome,
 };
+use crate::ids::BlockKeySeq;
 use crate::load::EngineReport;
 use crate::load::active::{ActiveLoad, ActiveView, Booking};
 use arc_swap::ArcSwap;
@@ -114,13 +115,13 @@ impl Worker {
 
     /// Blocks at the head of `keys` that a live request booked on this worker, other than an
     /// earlier turn of that prompt, shares ([`ActiveLoad::shared_head`]).
-    pub fn shared_head(&self, keys: &Arc<[u64]>) -> usize {
+    pub fn shared_head(&self, keys: &BlockKeySeq) -> usize {
         self.active.shared_head(keys)
     }
 
     /// Blocks at the head of `keys` that a live request booked on this worker holds
     /// ([`ActiveLoad::live_head`]).
-    pub fn live_head(&self, keys: &Arc<[u64]>) -> usize {
+    pub fn live_head(&self, keys: &BlockKeySeq) -> usize {
         self.active.live_head(keys)
     }
 
@@ -636,19 +637,19 @@ impl FleetView {
 }
 
 impl crate::policy::LivePaths for FleetView {
-    fn shared_head(&self, w: usize, keys: &Arc<[u64]>) -> usize {
+    fn shared_head(&self, w: usize, keys: &BlockKeySeq) -> usize {
         self.worker(w).map_or(0, |w| w.shared_head(keys))
     }
-    fn live_head(&self, w: usize, keys: &Arc<[u64]>) -> usize {
+    fn live_head(&self, w: usize, keys: &BlockKeySeq) -> usize {
         self.worker(w).map_or(0, |w| w.live_head(keys))
     }
 }
 
 impl crate::policy::LivePaths for Workers {
-    fn shared_head(&self, w: usize, keys: &Arc<[u64]>) -> usize {
+    fn shared_head(&self, w: usize, keys: &BlockKeySeq) -> usize {
         self.get(w).map_or(0, |w| w.shared_head(keys))
     }
-    fn live_head(&self, w: usize, keys: &Arc<[u64]>) -> usize {
+    fn live_head(&self, w: usize, keys: &BlockKeySeq) -> usize {
         self.get(w).map_or(0, |w| w.live_head(keys))
     }
 }
@@ -1216,7 +1217,7 @@ mod tests {
             prompt_tokens: 100,
             cached_tokens: 0,
             prefill_ms: 5.0,
-            block_keys: Arc::from([]),
+            block_keys: BlockKeySeq::default(),
             unkeyed_blocks: 6,
         };
         let mut g = worker.acquire_booked(booking, 0.0);

@@ -128,14 +128,15 @@ pub fn text_page_keys(ns: crate::Namespace, text: &[u8], page_bytes: usize) -> V
     out
 }
 
-/// [`block_keys_in`]`(ns, tokens, block_size)` when the keys of its first `known.len()`
-/// blocks are already known: those are copied and the chain goes on from the last, so the
-/// cost is O(blocks not known). `known` must be `block_keys_in(ns, t, block_size)` of some
-/// `t` that `tokens` starts with; at most `tokens.len() / block_size` of it is used.
+/// The keys [`block_keys_in`]`(ns, tokens, block_size)` has after its first `known.len()`,
+/// when those are known: chained on from the last known key, so the cost is O(blocks not
+/// known); empty when `known` covers every full block. `known` must be
+/// `block_keys_in(ns, t, block_size)` of some `t` that `tokens` starts with, and at most
+/// `tokens.len() / block_size` long.
 ///
 /// # Panics
-/// If `block_size` is 0.
-pub fn block_keys_after(
+/// If `block_size` is 0, or `known` has more keys than `tokens` has full blocks.
+pub fn block_keys_extending(
     ns: crate::Namespace,
     tokens: &[u32],
     block_size: usize,
@@ -143,9 +144,11 @@ pub fn block_keys_after(
 ) -> Vec<u64> {
     assert!(block_size > 0, "block_size must be > 0");
     let blocks = tokens.len() / block_size;
-    let known = &known[..known.len().min(blocks)];
-    let mut out = Vec::with_capacity(blocks);
-    out.extend_from_slice(known);
+    assert!(
+        known.len() <= blocks,
+        "known keys of at most the full blocks"
+    );
+    let mut out = Vec::with_capacity(blocks - known.len());
     let mut parent = known.last().copied().or(root(ns));
     for block in tokens[known.len() * block_size..].chunks_exact(block_size) {
         let k = chain(parent, local_hash(block));
@@ -195,7 +198,9 @@ mod tests {
                     let head = &whole[..cut.min(whole.len())];
                     for len in [tokens.len(), tokens.len() - 3, cut * bs] {
                         let len = len.min(tokens.len());
-                        let got = block_keys_after(ns, &tokens[..len], bs, head);
+                        let head = &head[..head.len().min(len / bs)];
+                        let mut got = head.to_vec();
+                        got.extend(block_keys_extending(ns, &tokens[..len], bs, head));
                         assert_eq!(
                             got,
                             block_keys_in(ns, &tokens[..len], bs),

@@ -39,12 +39,13 @@
 
 use super::EngineReport;
 use super::timing::{PrefillModel, STEP_TOKENS};
+use crate::ids::BlockKeySeq;
 use kvroute_index::mix::MixMap;
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 use std::ops::Bound;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering, fence};
-use std::sync::{Arc, Mutex};
 
 /// What a dispatch books on its worker (made by the router from its decision,
 /// `kvroute_core::policy::Router::booking`).
@@ -60,7 +61,7 @@ pub struct Booking {
     /// Block keys of the prompt's full blocks (router keys,
     /// [`kvroute_index::keys::block_keys`]); empty when the request has no token ids. Shared:
     /// the worker's path set keeps this buffer, not a copy.
-    pub block_keys: Arc<[u64]>,
+    pub block_keys: BlockKeySeq,
     /// Prompt blocks without keys (text requests), counted without sharing.
     pub unkeyed_blocks: u64,
 }
@@ -172,7 +173,7 @@ fn common_blocks(a: &[u64], b: &[u64]) -> usize {
 /// and a free may then miss its path: the worker's decode-block count drifts, nothing else.
 #[derive(Debug, Clone)]
 struct Path {
-    keys: Arc<[u64]>,
+    keys: BlockKeySeq,
     id: u64,
 }
 
@@ -401,7 +402,7 @@ impl ActiveLoad {
     /// [`ActiveLoad::free`].
     pub fn book(&self, b: Booking, now_ms: f64, in_flight: usize) -> u64 {
         let new_tokens = b.new_tokens();
-        let keys = (!b.block_keys.is_empty()).then(|| Arc::clone(&b.block_keys));
+        let keys = (!b.block_keys.is_empty()).then(|| b.block_keys.clone());
         let mut a = self.lock();
         let decode_load = decode_load_of(in_flight, a.prefill_requests, a.engine);
         let id = a.next_id;
@@ -451,26 +452,26 @@ impl ActiveLoad {
     /// contiguous around its place (`lcp(a, c) = min(lcp(a, b), lcp(b, c))` for `a < b <
     /// c`), so the two longest runs are among the two paths on each side. One lock,
     /// O(log requests × log blocks).
-    pub fn shared_head(&self, keys: &Arc<[u64]>) -> usize {
+    pub fn shared_head(&self, keys: &BlockKeySeq) -> usize {
         self.live_runs(keys).1
     }
 
     /// Blocks at the head of `keys` that some request live here holds (the longest run from
     /// the start over the live paths; 0 for none or empty `keys`): blocks in the worker's KV
     /// memory now, counted in its KV usage. One lock, as [`ActiveLoad::shared_head`].
-    pub fn live_head(&self, keys: &Arc<[u64]>) -> usize {
+    pub fn live_head(&self, keys: &BlockKeySeq) -> usize {
         self.live_runs(keys).0
     }
 
     /// The longest and second longest runs from the start that live paths share with
     /// `keys` ([`ActiveLoad::shared_head`] explains the search).
-    fn live_runs(&self, keys: &Arc<[u64]>) -> (usize, usize) {
+    fn live_runs(&self, keys: &BlockKeySeq) -> (usize, usize) {
         if keys.is_empty() {
             return (0, 0);
         }
         // After every live path with the same keys (ids are counted up from 0).
         let probe = Path {
-            keys: Arc::clone(keys),
+            keys: keys.clone(),
             id: u64::MAX,
         };
         let a = self.lock();
@@ -640,6 +641,7 @@ impl Active {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::sync::Arc;
 
     fn booking(prompt: u64, cached: u64, ms: f64, keys: &[u64]) -> Booking {
         Booking {
@@ -740,7 +742,7 @@ mod tests {
     #[test]
     fn shared_head_needs_two_live_requests() {
         let a = ActiveLoad::default();
-        let probe: Arc<[u64]> = chain(4, 7).into();
+        let probe: BlockKeySeq = chain(4, 7).into();
         assert_eq!(a.shared_head(&probe), 0);
         // The probe's own earlier turn: its first 6 blocks.
         let turn = a.book(booking(96, 0, 1.0, &probe[..6]), 0.0, 0);
@@ -755,7 +757,7 @@ mod tests {
         a.free(turn);
         a.free(third);
         assert_eq!(a.shared_head(&probe), 0);
-        assert_eq!(a.shared_head(&Arc::from([])), 0);
+        assert_eq!(a.shared_head(&BlockKeySeq::default()), 0);
     }
 
     /// Block keys of a prompt on branch `branch` of one trie, `len` blocks: the first
@@ -867,7 +869,7 @@ mod tests {
             let docs: Vec<Vec<u32>> = (0..6u32)
                 .map(|d| (0..40 * 4).map(|t| if t < 64 + d * 16 { t } else { d * 10_000 + t }).collect())
                 .collect();
-            let probe: Arc<[u64]> =
+            let probe: BlockKeySeq =
                 kvroute_index::keys::block_keys(&docs[probe.0][..probe.1 * 4], 4).into();
             replay(&a, &docs, &ops, |live| {
                 let mut runs: Vec<usize> = live

@@ -50,7 +50,7 @@ mod round_robin;
 pub mod wait;
 
 use crate::config::{Config, PolicyKind};
-use crate::ids::TokenIds;
+use crate::ids::{BlockKeySeq, TokenIds};
 use crate::load::active::Booking;
 use crate::route_key::RouteKey;
 use crate::tokens::BlockKeys;
@@ -223,11 +223,11 @@ pub trait LivePaths: std::fmt::Debug + Sync {
     /// Blocks at the head of `keys` (a prompt's chained block keys, [`Request::block_keys`])
     /// that some request live on worker `w` shares and then leaves (a live prefix of `keys`
     /// is an earlier turn of it, not a shared head); 0 for none, or for a worker not known.
-    fn shared_head(&self, w: usize, keys: &Arc<[u64]>) -> usize;
+    fn shared_head(&self, w: usize, keys: &BlockKeySeq) -> usize;
     /// Blocks at the head of `keys` that some request live on worker `w` holds, its own
     /// earlier turn included: in `w`'s KV memory now and counted in its KV usage; 0 for
     /// none, or for a worker not known.
-    fn live_head(&self, w: usize, keys: &Arc<[u64]>) -> usize;
+    fn live_head(&self, w: usize, keys: &BlockKeySeq) -> usize;
 }
 
 impl<'a> Snapshot<'a> {
@@ -297,7 +297,7 @@ pub struct Request<'a> {
     pub ids: Option<&'a [u32]>,
     /// Router block keys of `ids` at the event index's block size (the router's otherwise);
     /// empty without ids. Shared: a booking keeps this buffer, not a copy.
-    pub block_keys: Arc<[u64]>,
+    pub block_keys: BlockKeySeq,
     /// Prompt length, tokens (text: chars / `chars_per_token`, rounded up).
     pub prompt_tokens: u64,
     /// Prompt length in chars, for a request without ids (text mode); 0 without text and for
@@ -584,14 +584,23 @@ impl Router {
         let block_keys = match ids {
             Some(ids) => {
                 let memo = &key.block_key_memo;
-                let known = memo.known(key.namespace, block_size);
-                let keys =
-                    kvroute_index::keys::block_keys_after(key.namespace, ids, block_size, known);
-                memo.keep(key.namespace, block_size, &keys);
-                // One copy, kept by the worker's path set (`shared_slice`: no 4K aliasing).
-                crate::copy::shared_slice(&keys)
+                let ns = key.namespace;
+                // The earlier turn's keys then this one's new blocks, in place in that turn's
+                // buffer when this request extends it (`crate::ids`): no copy of the known.
+                let keys = match memo.known(ns, block_size) {
+                    Some(known) => {
+                        let new =
+                            kvroute_index::keys::block_keys_extending(ns, ids, block_size, &known);
+                        known.head_then(known.len(), &new)
+                    }
+                    None => BlockKeySeq::with_headroom(&kvroute_index::keys::block_keys_in(
+                        ns, ids, block_size,
+                    )),
+                };
+                memo.keep(ns, block_size, &keys);
+                keys
             }
-            None => Arc::from([]),
+            None => BlockKeySeq::default(),
         };
         Request {
             key,
@@ -964,7 +973,7 @@ impl Router {
             } else {
                 0
             },
-            block_keys: Arc::clone(&req.block_keys),
+            block_keys: req.block_keys.clone(),
         };
         if let Some(w) = snap.get(decision.worker) {
             let a = &w.active;

@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::defaults;
+use crate::ids::BlockKeySeq;
 use crate::route_key::{Endpoint, route_key};
 use kvroute_index::MAX_MATCH_TENANTS;
 use proptest::prelude::*;
@@ -611,7 +612,7 @@ fn request_of(key: &RouteKey, tokens: u64) -> Request<'_> {
     Request {
         key,
         ids: None,
-        block_keys: Arc::from([]),
+        block_keys: BlockKeySeq::default(),
         prompt_tokens: tokens,
         chars: 0,
         block_size: 16,
@@ -1016,10 +1017,10 @@ fn b2_misses_never_go_to_the_smallest_tree() {
 #[derive(Debug)]
 struct SharedOn(usize, usize);
 impl LivePaths for SharedOn {
-    fn shared_head(&self, w: usize, _: &Arc<[u64]>) -> usize {
+    fn shared_head(&self, w: usize, _: &BlockKeySeq) -> usize {
         if w == self.0 { self.1 } else { 0 }
     }
-    fn live_head(&self, w: usize, keys: &Arc<[u64]>) -> usize {
+    fn live_head(&self, w: usize, keys: &BlockKeySeq) -> usize {
         self.shared_head(w, keys)
     }
 }
