@@ -23,11 +23,14 @@
 //!   [`kvroute_core::events::EventIndex::apply_batch`]: decoding and sequencing excluded),
 //!   paced to `W ×` [`block_events_per_s_per_worker`] block events per second. Reported:
 //!   offered, achieved (events / wall time), and per core (events / time spent applying).
+//! - **Index writer** (one thread, as the gateway's `kv-index`): applies the queued records
+//!   to the approximate trees every `defaults::INDEX_WRITER_PERIOD_MS`.
 //! - **Decisions** (this thread): conversations of [`TURNS`] turns on group documents, one
 //!   after another, turn by turn (turn `k` adds an assistant reply and a question, as in
 //!   `kvroute bench decision`); each turn is one whole decision: body parse → chat template →
 //!   tokenize (incremental) → block keys → fleet snapshot → policy (`predicted_ttft`, on the
-//!   event index) → booking → record. Turns 2.. are timed into an hdrhistogram (p50, p99,
+//!   event index) → booking → record (queued for the index writer thread, as the gateway's
+//!   `kv-index`, `Router::defer_writes`). Turns 2.. are timed into an hdrhistogram (p50, p99,
 //!   max); turn 1 (a cold tokenization of the whole document, ms at 32k) is reported apart,
 //!   and so is the decision from token ids (`from_ids`: every stage after parse and
 //!   tokenize, as a router whose clients send token ids would run).
@@ -363,6 +366,8 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
     let cfg = Config::default();
     let mut router = Router::new(&cfg);
     router.set_event_index(ingest.index.reader());
+    // As the gateway: records are queued, a writer thread applies them.
+    router.defer_writes();
     let specs: Vec<String> = (0..workers)
         .map(|i| format!("http://10.{}.{}.{}:8000", i >> 16, (i >> 8) & 255, i & 255))
         .collect();
@@ -396,6 +401,13 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
             let wall = start.elapsed().as_secs_f64();
             (done, wall, busy.as_secs_f64())
         });
+        let writer = s.spawn(|| {
+            let period = Duration::from_millis(defaults::INDEX_WRITER_PERIOD_MS);
+            while !stop.load(Ordering::Relaxed) {
+                router.flush();
+                std::thread::sleep(period);
+            }
+        });
         let decisions = decide_loop(
             &router,
             &fleet,
@@ -407,6 +419,7 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
             seconds,
         );
         stop.store(true, Ordering::Relaxed);
+        writer.join().expect("the index writer does not panic");
         let ingest = ingest_thread
             .join()
             .expect("the ingest thread does not panic");

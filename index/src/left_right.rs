@@ -104,6 +104,13 @@ impl<T, Op> LeftRight<T, Op> {
         self.flush();
     }
 
+    /// Queues `op` for the next [`LeftRight::flush`] and applies nothing: for a caller that
+    /// must not pay for the write (a request's shard), when a writer thread flushes.
+    pub fn queue(&self, op: Op) {
+        // The receiver lives as long as `self`, so the send cannot fail.
+        let _ = self.tx.send(op);
+    }
+
     /// Ops queued and not yet applied.
     pub fn pending(&self) -> usize {
         self.rx.len()

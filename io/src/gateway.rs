@@ -1,13 +1,13 @@
 //! Turns a [`Config`] into running shards: validates it, builds the worker registry (each
 //! worker resolved and checked once), the router and the metrics, starts the background
-//! threads (health checks, load reports, KV events, the admin API) and [`shard::start`].
+//! threads (health checks, load reports, KV events, the index writer, the admin API) and [`shard::start`].
 //! Also the fleet's run-time changes, shared by the admin API, SIGHUP and DNS discovery
 //! ([`crate::discovery`]): [`add_worker`], [`drain_worker`], [`remove_worker`].
 
 use crate::error::GatewayError;
 use crate::shard::{self, Server};
 use crate::state::{Settings, Shared};
-use kvroute_core::config::{Config, WorkerSpec, parse_worker_spec};
+use kvroute_core::config::{Config, WorkerSpec, defaults, parse_worker_spec};
 use kvroute_core::health::RetryBudget;
 use kvroute_core::metrics::Metrics;
 use kvroute_core::policy::Router;
@@ -16,6 +16,27 @@ use kvroute_core::workers::{WorkerSettings, Workers};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::Duration;
+
+/// The `kv-index` thread: applies the router's queued index writes every
+/// [`defaults::INDEX_WRITER_PERIOD_MS`] ([`Router::defer_writes`]) until the gateway is
+/// dropped.
+///
+/// # Errors
+/// The thread cannot be spawned.
+fn start_index_writer(shared: &Arc<Shared>) -> std::io::Result<()> {
+    let shared = Arc::downgrade(shared);
+    let period = Duration::from_millis(defaults::INDEX_WRITER_PERIOD_MS);
+    std::thread::Builder::new()
+        .name("kv-index".into())
+        .spawn(move || {
+            while let Some(s) = shared.upgrade() {
+                s.router.flush();
+                drop(s);
+                std::thread::sleep(period);
+            }
+        })?;
+    Ok(())
+}
 
 /// Starts `kvroute serve` with `cfg`.
 ///
@@ -38,6 +59,8 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
     let api_keys = client_keys(&cfg)?;
     let workers = Arc::new(Workers::with_settings(&[], WorkerSettings::of(&cfg))?);
     let mut router = Router::new(&cfg);
+    // Shards queue their records; `kv-index` (below) applies them.
+    router.defer_writes();
     let specs = cfg
         .workers
         .iter()
@@ -130,6 +153,7 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
             "replica sync on"
         );
     }
+    start_index_writer(&shared)?;
     if let Some(checks) = shared.settings.health_checks {
         crate::health::start(&shared, checks)?;
     }

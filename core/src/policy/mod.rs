@@ -520,6 +520,8 @@ pub struct Router {
     /// of worker slots changes (a memo of a pure function of that number, not routing
     /// state).
     ring: arc_swap::ArcSwapOption<Ring>,
+    /// [`Router::record`] queues its writes for a writer thread ([`Router::defer_writes`]).
+    defer_writes: bool,
 }
 
 fn add_model(m: &mut HashMap<String, Arc<ModelIndexes>>, op: &(String, Arc<ModelIndexes>)) {
@@ -544,6 +546,27 @@ impl Router {
             models: LeftRight::new(HashMap::new(), add_model),
             events: None,
             ring: arc_swap::ArcSwapOption::empty(),
+            defer_writes: false,
+        }
+    }
+
+    /// Makes [`Router::record`] queue its index writes instead of applying them on the
+    /// caller's thread; a writer thread then applies them with [`Router::flush`] every
+    /// [`crate::config::defaults::INDEX_WRITER_PERIOD_MS`] (the gateway's `kv-index`). A
+    /// record of a 33k-token prompt's new path costs the writer 20–70 µs (two tree inserts:
+    /// one per left-right copy), which a shard would otherwise spend between two requests
+    /// (`perf/runs/2026-12-06-index-writer/`). Called once, before the router is shared.
+    pub fn defer_writes(&mut self) {
+        self.defer_writes = true;
+    }
+
+    /// `op` into `lr`: queued when writes are deferred ([`Router::defer_writes`]), else
+    /// applied now (unless another thread is applying, which then applies it).
+    fn put<T: Clone, Op>(&self, lr: &LeftRight<T, Op>, op: Op) {
+        if self.defer_writes {
+            lr.queue(op);
+        } else {
+            lr.write(op);
         }
     }
 
@@ -1057,20 +1080,21 @@ impl Router {
         let ns: Namespace = key.namespace;
         let worker = decision.worker as TenantId;
         match (ids, &idx.hash) {
-            (Some(ids), Some(h)) => h.write(HashOp::Record(ns, ids.clone(), worker, now_ms)),
+            (Some(ids), Some(h)) => self.put(h, HashOp::Record(ns, ids.clone(), worker, now_ms)),
             // With the keys Router::request left in the key's memo at the tree's block size.
             (Some(ids), None) => {
                 let ids = ids.clone();
-                idx.tokens
-                    .write(match key.block_key_memo.kept(ns, self.block_size) {
-                        Some(keys) => TreeOp::InsertKeyed(ns, ids, worker, keys),
-                        None => TreeOp::Insert(ns, ids, worker),
-                    })
+                let op = match key.block_key_memo.kept(ns, self.block_size) {
+                    Some(keys) => TreeOp::InsertKeyed(ns, ids, worker, keys),
+                    None => TreeOp::Insert(ns, ids, worker),
+                };
+                self.put(&idx.tokens, op);
             }
             (None, Some(_)) => {}
-            (None, None) => idx
-                .strings
-                .write(TreeOp::Insert(ns, key.text.as_str().into(), worker)),
+            (None, None) => self.put(
+                &idx.strings,
+                TreeOp::Insert(ns, key.text.as_str().into(), worker),
+            ),
         }
     }
 
@@ -1087,7 +1111,9 @@ impl Router {
         }
     }
 
-    /// Applies every queued write now (tests and shutdown; decisions do this as they go).
+    /// Applies every queued write now: the writer thread of a router whose writes are
+    /// deferred ([`Router::defer_writes`]), tests, shutdown (otherwise records apply
+    /// their writes as they go).
     pub fn flush(&self) {
         for m in self.models.read().values() {
             while !m.strings.flush() && m.strings.pending() > 0 {

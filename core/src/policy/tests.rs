@@ -526,6 +526,44 @@ fn decide_is_read_only_and_record_writes() {
     assert!(matches!(d.reason, Reason::CacheHit { .. }));
 }
 
+/// With deferred writes (the gateway's), a record changes no index until the writer's
+/// flush; then the text and token trees hold it as an immediate record would.
+#[test]
+fn deferred_records_reach_the_trees_at_the_next_flush() {
+    let mut r = router(PolicyKind::CacheAware);
+    r.defer_writes();
+    let text = text_key(&"a conversation recorded by a shard ".repeat(3));
+    let ids = RouteKey {
+        input_ids: Some((0..64).collect()),
+        ..text_key("")
+    };
+    let all = [0, 1, 2];
+    let d = r.decide(&snap(&[1, 1, 0], &all, 0), &text, &mut rand::rng());
+    r.record(&text, &d, 0);
+    r.record(&ids, &d, 0);
+    // (`tree_chars` flushes: the decisions tell what a reader sees.)
+    for key in [&text, &ids] {
+        let before = r.decide(&snap(&[0, 0, 1], &all, 0), key, &mut rand::rng());
+        assert_eq!(before.reason, Reason::CacheMiss);
+    }
+    r.flush();
+    for key in [&text, &ids] {
+        let after = r.decide(&snap(&[0, 0, 1], &all, 0), key, &mut rand::rng());
+        assert_eq!(after.worker, 2);
+        assert!(
+            matches!(
+                after.reason,
+                Reason::CacheHit { .. } | Reason::TokenHit { .. }
+            ),
+            "{after:?}"
+        );
+    }
+    assert_eq!(
+        (r.tree_chars("m"), r.tree_tokens("m")),
+        (text.text.chars().count(), 64)
+    );
+}
+
 /// A retry vetoes the failed holder: the next decision picks among the others, and the
 /// failed attempt left no trace in the tree (bug-cases.md B43: at most one failed attempt).
 #[test]
