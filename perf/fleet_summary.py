@@ -1,4 +1,4 @@
-"""Medians over rounds of run.sh's reports: base, new, new / base (µs)."""
+"""Medians over rounds of perf/fleet-compare.sh's reports: base, new, new / base (µs)."""
 import glob, json, statistics, sys
 
 out, sizes = sys.argv[1], sys.argv[2:]
@@ -10,6 +10,8 @@ rows = [
     ("facts p50", lambda r: r["stages_p50_ns"]["facts"]),
     ("decide p50", lambda r: r["stages_p50_ns"]["decide"]),
     ("record p50", lambda r: r["stages_p50_ns"]["record"]),
+    ("record p99", lambda r: r["stages_p99_ns"]["record"]),
+    ("decide p99", lambda r: r["stages_p99_ns"]["decide"]),
     ("from token ids p50", lambda r: r["from_ids"]["p50_ns"]),
     ("body read once p50 (baseline)", lambda r: r["body_read"]["p50_ns"]),
     ("decision p50 / body read p50", lambda r: r["decision_p50_ns"] / r["body_read"]["p50_ns"] * 1000),
