@@ -23,14 +23,16 @@
 //!   [`kvroute_core::events::EventIndex::apply_batch`]: decoding and sequencing excluded),
 //!   paced to `W ×` [`block_events_per_s_per_worker`] block events per second. Reported:
 //!   offered, achieved (events / wall time), and per core (events / time spent applying).
-//! - **Index writer** (one thread, as the gateway's `kv-index`): applies the queued records
-//!   to the approximate trees every `defaults::INDEX_WRITER_PERIOD_MS`.
+//! - **Index writer** (one thread, as the gateway's `kv-index`): every
+//!   `defaults::INDEX_WRITER_PERIOD_MS`, replays the records on the trees' second copies. Between two timed decisions the bench makes
+//!   sure, untimed, that the replay is done (a conversation's next turn reaches a gateway
+//!   long after its record).
 //! - **Decisions** (this thread): conversations of [`TURNS`] turns on group documents, one
 //!   after another, turn by turn (turn `k` adds an assistant reply and a question, as in
 //!   `kvroute bench decision`); each turn is one whole decision: body parse → chat template →
 //!   tokenize (incremental) → block keys → fleet snapshot → policy (`predicted_ttft`, on the
-//!   event index) → booking → record (queued for the index writer thread, as the gateway's
-//!   `kv-index`, `Router::defer_writes`). Turns 2.. are timed into an hdrhistogram (p50, p99,
+//!   event index) → booking → record (one copy of each tree; the index writer thread replays
+//!   it on the other, as the gateway's `kv-index`, `Router::catch_up`). Turns 2.. are timed into an hdrhistogram (p50, p99,
 //!   max); turn 1 (a cold tokenization of the whole document, ms at 32k) is reported apart,
 //!   and so is the decision from token ids (`from_ids`: every stage after parse and
 //!   tokenize, as a router whose clients send token ids would run).
@@ -366,8 +368,6 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
     let cfg = Config::default();
     let mut router = Router::new(&cfg);
     router.set_event_index(ingest.index.reader());
-    // As the gateway: records are queued, a writer thread applies them.
-    router.defer_writes();
     let specs: Vec<String> = (0..workers)
         .map(|i| format!("http://10.{}.{}.{}:8000", i >> 16, (i >> 8) & 255, i & 255))
         .collect();
@@ -404,7 +404,7 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         let writer = s.spawn(|| {
             let period = Duration::from_millis(defaults::INDEX_WRITER_PERIOD_MS);
             while !stop.load(Ordering::Relaxed) {
-                router.flush();
+                router.catch_up();
                 std::thread::sleep(period);
             }
         });
@@ -541,6 +541,8 @@ fn decide_loop(
                 tokenizers, router, fleet, &body, seq, &mut rng,
             )?;
             seq += 1;
+            // Untimed: this turn's record replayed before the next turn (module doc).
+            router.catch_up();
             if turn == 1 {
                 d.turn1.record(timed.whole)?;
                 continue;

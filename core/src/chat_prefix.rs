@@ -171,12 +171,14 @@ impl Chain {
 }
 
 impl Prefix {
-    /// Budget charge, token-equivalents: the ids' whole buffer (its capacity, room for later
-    /// turns included), the text at 4 bytes per token, and the block keys (8 bytes a block,
-    /// at 16 tokens a block or more: 1/8 of the ids). Charged per entry although entries of
-    /// one conversation share buffers, so the budget bounds memory from above.
+    /// Budget charge, token-equivalents (4 bytes): the ids' whole buffer (its capacity, room
+    /// for later turns included), the text at 4 bytes per token, and the block keys' buffer
+    /// (8 bytes a key, one key per 16 tokens or more, with [`crate::ids::grown`] room).
+    /// Charged per entry although entries of one conversation share buffers, so the budget
+    /// bounds memory from above.
     fn cost(&self) -> usize {
-        self.ids.capacity() + self.text_len.div_ceil(4) + self.ids.len().div_ceil(8)
+        let keys = crate::ids::grown(self.ids.len().div_ceil(16));
+        self.ids.capacity() + self.text_len.div_ceil(4) + 2 * keys
     }
 }
 

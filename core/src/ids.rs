@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::copy::copy_unaliased;
 
-/// Items of room a buffer keeps past its end at least (256 bytes of ids): a short reply and question
+/// Items of room a buffer keeps past its end at least (256 bytes of ids, 512 of keys): a short reply and question
 /// extend a short conversation in place. Kept small because the chat prefix cache charges
 /// a buffer's capacity ([`TokenIds::capacity`]) and copying a short head again costs little;
 /// the room that saves copies is a long conversation's half ([`grown`]).

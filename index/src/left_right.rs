@@ -5,7 +5,8 @@
 //! is still active; they never take a lock and never wait for the writer. Writes are queued
 //! (`write` never blocks either); whichever writer holds the writer lock (taken with
 //! `try_lock`, so nobody waits for it) drains the queue, applies the batch to the standby
-//! copy, swaps the copies, and replays the batch on the other copy once its readers have left.
+//! copy, swaps the copies, and replays the batch on the other copy once its readers have left
+//! (at its next write, or sooner when a writer thread calls [`LeftRight::catch_up`]).
 //! The cost: two copies in memory and every write applied twice. Chosen for the trees because
 //! their writes touch many nodes (splits, merges, evictions) that would each need epoch
 //! reclamation in a concurrent tree, while a tree match is only ~1 µs so the writer's wait for
@@ -104,13 +105,6 @@ impl<T, Op> LeftRight<T, Op> {
         self.flush();
     }
 
-    /// Queues `op` for the next [`LeftRight::flush`] and applies nothing: for a caller that
-    /// must not pay for the write (a request's shard), when a writer thread flushes.
-    pub fn queue(&self, op: Op) {
-        // The receiver lives as long as `self`, so the send cannot fail.
-        let _ = self.tx.send(op);
-    }
-
     /// Ops queued and not yet applied.
     pub fn pending(&self) -> usize {
         self.rx.len()
@@ -130,18 +124,7 @@ impl<T, Op> LeftRight<T, Op> {
                 return did;
             }
             did = true;
-            let standby = 1 - self.active.load(Ordering::SeqCst);
-            // Readers that entered the standby copy before the last swap are finishing a read
-            // (~µs); the writer, never a reader, waits for them.
-            let mut spins = 0u32;
-            while self.readers[standby].0.load(Ordering::SeqCst) != 0 {
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
+            let standby = self.standby_without_readers();
             // Safety: the standby copy has no readers (count 0 after `active` stopped pointing
             // at it; new readers re-check `active` and back off) and we hold the writer lock.
             let copy = unsafe { &mut *self.copies[standby].get() };
@@ -158,5 +141,87 @@ impl<T, Op> LeftRight<T, Op> {
                 return did;
             }
         }
+    }
+
+    /// Replays on the standby copy the last batch, which only the active copy has, if no
+    /// other thread is writing; returns whether it did. The next write then applies only its
+    /// own ops: a writer thread that catches up after each write takes the second half of
+    /// every write's cost off the writing thread, whose write is still visible to readers as
+    /// soon as it returns.
+    pub fn catch_up(&self) -> bool {
+        let Ok(mut side) = self.writer.try_lock() else {
+            return false;
+        };
+        if side.log.is_empty() {
+            return false;
+        }
+        let standby = self.standby_without_readers();
+        // Safety: as in `flush`: no readers on the standby copy, and the writer lock held.
+        let copy = unsafe { &mut *self.copies[standby].get() };
+        for op in side.log.drain(..) {
+            (self.apply)(copy, &op);
+        }
+        drop(side);
+        // A write that found the lock taken meanwhile left its op queued for the holder (as
+        // in `flush`): apply it now, or it would wait for the next write.
+        if !self.rx.is_empty() {
+            self.flush();
+        }
+        true
+    }
+
+    /// The standby copy, once the readers that entered it before the last swap have left
+    /// (they are finishing a read, ~µs; the writer, never a reader, waits for them). Called
+    /// with the writer lock held.
+    fn standby_without_readers(&self) -> usize {
+        let standby = 1 - self.active.load(Ordering::SeqCst);
+        let mut spins = 0u32;
+        while self.readers[standby].0.load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        standby
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    static APPLIED: AtomicUsize = AtomicUsize::new(0);
+
+    fn push(v: &mut Vec<u32>, op: &u32) {
+        APPLIED.fetch_add(1, Ordering::Relaxed);
+        v.push(*op);
+    }
+
+    /// A write is read at once; `catch_up` replays it on the other copy, so the next write
+    /// applies only its own op (1 application instead of 2), and reads after any sequence
+    /// see every op in order.
+    #[test]
+    fn catch_up_takes_the_replay_off_the_next_write() {
+        let lr = LeftRight::new(Vec::new(), push);
+        let applied = || APPLIED.load(Ordering::Relaxed);
+        lr.write(1);
+        assert_eq!((lr.read().clone(), applied()), (vec![1], 1));
+        lr.write(2);
+        assert_eq!(
+            (lr.read().clone(), applied()),
+            (vec![1, 2], 3),
+            "replay of 1, then 2"
+        );
+        assert!(lr.catch_up());
+        assert_eq!(applied(), 4);
+        assert!(!lr.catch_up(), "nothing left to replay");
+        lr.write(3);
+        assert_eq!((lr.read().clone(), applied()), (vec![1, 2, 3], 5), "3 only");
+        assert!(lr.catch_up());
+        lr.write(4);
+        assert_eq!((lr.read().clone(), applied()), (vec![1, 2, 3, 4], 7));
     }
 }

@@ -17,9 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::Duration;
 
-/// The `kv-index` thread: applies the router's queued index writes every
-/// [`defaults::INDEX_WRITER_PERIOD_MS`] ([`Router::defer_writes`]) until the gateway is
-/// dropped.
+/// The `kv-index` thread: replays records on the indexes' second copies every
+/// [`defaults::INDEX_WRITER_PERIOD_MS`] ([`Router::catch_up`]), until the gateway is dropped.
 ///
 /// # Errors
 /// The thread cannot be spawned.
@@ -30,7 +29,7 @@ fn start_index_writer(shared: &Arc<Shared>) -> std::io::Result<()> {
         .name("kv-index".into())
         .spawn(move || {
             while let Some(s) = shared.upgrade() {
-                s.router.flush();
+                s.router.catch_up();
                 drop(s);
                 std::thread::sleep(period);
             }
@@ -59,8 +58,6 @@ pub fn start(cfg: Config, force_epoll: bool) -> Result<Server, GatewayError> {
     let api_keys = client_keys(&cfg)?;
     let workers = Arc::new(Workers::with_settings(&[], WorkerSettings::of(&cfg))?);
     let mut router = Router::new(&cfg);
-    // Shards queue their records; `kv-index` (below) applies them.
-    router.defer_writes();
     let specs = cfg
         .workers
         .iter()

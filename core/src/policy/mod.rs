@@ -520,8 +520,6 @@ pub struct Router {
     /// of worker slots changes (a memo of a pure function of that number, not routing
     /// state).
     ring: arc_swap::ArcSwapOption<Ring>,
-    /// [`Router::record`] queues its writes for a writer thread ([`Router::defer_writes`]).
-    defer_writes: bool,
 }
 
 fn add_model(m: &mut HashMap<String, Arc<ModelIndexes>>, op: &(String, Arc<ModelIndexes>)) {
@@ -546,27 +544,6 @@ impl Router {
             models: LeftRight::new(HashMap::new(), add_model),
             events: None,
             ring: arc_swap::ArcSwapOption::empty(),
-            defer_writes: false,
-        }
-    }
-
-    /// Makes [`Router::record`] queue its index writes instead of applying them on the
-    /// caller's thread; a writer thread then applies them with [`Router::flush`] every
-    /// [`crate::config::defaults::INDEX_WRITER_PERIOD_MS`] (the gateway's `kv-index`). A
-    /// record of a 33k-token prompt's new path costs the writer 20–70 µs (two tree inserts:
-    /// one per left-right copy), which a shard would otherwise spend between two requests
-    /// (`perf/runs/2026-12-06-index-writer/`). Called once, before the router is shared.
-    pub fn defer_writes(&mut self) {
-        self.defer_writes = true;
-    }
-
-    /// `op` into `lr`: queued when writes are deferred ([`Router::defer_writes`]), else
-    /// applied now (unless another thread is applying, which then applies it).
-    fn put<T: Clone, Op>(&self, lr: &LeftRight<T, Op>, op: Op) {
-        if self.defer_writes {
-            lr.queue(op);
-        } else {
-            lr.write(op);
         }
     }
 
@@ -612,9 +589,15 @@ impl Router {
                 // buffer when this request extends it (`crate::ids`): no copy of the known.
                 let keys = match memo.known(ns, block_size) {
                     Some(known) => {
-                        let new =
-                            kvroute_index::keys::block_keys_extending(ns, ids, block_size, &known);
-                        known.head_then(known.len(), &new)
+                        // At most the full blocks of these ids (a memo is made for them).
+                        let n = known.len().min(ids.len() / block_size);
+                        let new = kvroute_index::keys::block_keys_extending(
+                            ns,
+                            ids,
+                            block_size,
+                            &known[..n],
+                        );
+                        known.head_then(n, &new)
                     }
                     None => BlockKeySeq::with_headroom(&kvroute_index::keys::block_keys_in(
                         ns, ids, block_size,
@@ -1080,7 +1063,7 @@ impl Router {
         let ns: Namespace = key.namespace;
         let worker = decision.worker as TenantId;
         match (ids, &idx.hash) {
-            (Some(ids), Some(h)) => self.put(h, HashOp::Record(ns, ids.clone(), worker, now_ms)),
+            (Some(ids), Some(h)) => h.write(HashOp::Record(ns, ids.clone(), worker, now_ms)),
             // With the keys Router::request left in the key's memo at the tree's block size.
             (Some(ids), None) => {
                 let ids = ids.clone();
@@ -1088,13 +1071,12 @@ impl Router {
                     Some(keys) => TreeOp::InsertKeyed(ns, ids, worker, keys),
                     None => TreeOp::Insert(ns, ids, worker),
                 };
-                self.put(&idx.tokens, op);
+                idx.tokens.write(op);
             }
             (None, Some(_)) => {}
-            (None, None) => self.put(
-                &idx.strings,
-                TreeOp::Insert(ns, key.text.as_str().into(), worker),
-            ),
+            (None, None) => idx
+                .strings
+                .write(TreeOp::Insert(ns, key.text.as_str().into(), worker)),
         }
     }
 
@@ -1111,11 +1093,30 @@ impl Router {
         }
     }
 
-    /// Applies every queued write now: the writer thread of a router whose writes are
-    /// deferred ([`Router::defer_writes`]), tests, shutdown (otherwise records apply
-    /// their writes as they go).
+    /// Applies every queued write now (tests and shutdown; records apply their writes as
+    /// they go).
+    /// Replays the last records on the indexes' second copies ([`LeftRight::catch_up`]), so
+    /// the next record applies only its own write: the work of the gateway's `kv-index`
+    /// thread, every [`crate::config::defaults::INDEX_WRITER_PERIOD_MS`]. A record is read by
+    /// the next decision as soon as it returns either way; without the catch-up the next
+    /// record replays it, and a 33k-token prompt's new path made that record cost 20–70 µs on
+    /// a shard (`perf/runs/2026-12-06-index-writer/`).
+    pub fn catch_up(&self) {
+        let models: Vec<Arc<ModelIndexes>> = self.models.read().values().cloned().collect();
+        for m in &models {
+            m.strings.catch_up();
+            m.tokens.catch_up();
+            if let Some(h) = &m.hash {
+                h.catch_up();
+            }
+            m.peers.catch_up();
+        }
+    }
+
     pub fn flush(&self) {
-        for m in self.models.read().values() {
+        // Not under the model map's read guard: a new model's first record waits for it.
+        let models: Vec<Arc<ModelIndexes>> = self.models.read().values().cloned().collect();
+        for m in &models {
             while !m.strings.flush() && m.strings.pending() > 0 {
                 std::thread::yield_now();
             }

@@ -526,37 +526,32 @@ fn decide_is_read_only_and_record_writes() {
     assert!(matches!(d.reason, Reason::CacheHit { .. }));
 }
 
-/// With deferred writes (the gateway's), a record changes no index until the writer's
-/// flush; then the text and token trees hold it as an immediate record would.
+/// With the writer thread's catch-up between records (the gateway's `kv-index`), a record is
+/// read by the very next decision, as without it (a client's next turn may follow a
+/// non-streamed response within a millisecond), and the trees end as the records made them.
 #[test]
-fn deferred_records_reach_the_trees_at_the_next_flush() {
-    let mut r = router(PolicyKind::CacheAware);
-    r.defer_writes();
+fn a_record_is_read_at_once_with_catch_ups_between() {
+    let r = router(PolicyKind::CacheAware);
     let text = text_key(&"a conversation recorded by a shard ".repeat(3));
     let ids = RouteKey {
         input_ids: Some((0..64).collect()),
         ..text_key("")
     };
     let all = [0, 1, 2];
-    let d = r.decide(&snap(&[1, 1, 0], &all, 0), &text, &mut rand::rng());
-    r.record(&text, &d, 0);
-    r.record(&ids, &d, 0);
-    // (`tree_chars` flushes: the decisions tell what a reader sees.)
-    for key in [&text, &ids] {
-        let before = r.decide(&snap(&[0, 0, 1], &all, 0), key, &mut rand::rng());
-        assert_eq!(before.reason, Reason::CacheMiss);
-    }
-    r.flush();
-    for key in [&text, &ids] {
-        let after = r.decide(&snap(&[0, 0, 1], &all, 0), key, &mut rand::rng());
-        assert_eq!(after.worker, 2);
+    for (i, key) in [&text, &ids].into_iter().enumerate() {
+        let miss = r.decide(&snap(&[1, 1, 0], &all, 0), key, &mut rand::rng());
+        assert_eq!((miss.worker, miss.reason), (2, Reason::CacheMiss));
+        r.record(key, &miss, 0);
+        let hit = r.decide(&snap(&[0, 0, 1], &all, 0), key, &mut rand::rng());
+        assert_eq!(hit.worker, 2, "key {i}");
         assert!(
             matches!(
-                after.reason,
+                hit.reason,
                 Reason::CacheHit { .. } | Reason::TokenHit { .. }
             ),
-            "{after:?}"
+            "{hit:?}"
         );
+        r.catch_up();
     }
     assert_eq!(
         (r.tree_chars("m"), r.tree_tokens("m")),
