@@ -24,18 +24,19 @@
 //!   paced to `W ×` [`block_events_per_s_per_worker`] block events per second. Reported:
 //!   offered, achieved (events / wall time), and per core (events / time spent applying).
 //! - **Index writer** (one thread, as the gateway's `kv-index`): every
-//!   `defaults::INDEX_WRITER_PERIOD_MS`, replays the records on the trees' second copies. Between two timed decisions the bench makes
-//!   sure, untimed, that the replay is done (a conversation's next turn reaches a gateway
-//!   long after its record).
+//!   `defaults::INDEX_WRITER_PERIOD_MS`, replays the records on the trees' second copies.
+//!   Between two timed decisions the bench makes sure, untimed, that the replay is done (a
+//!   conversation's next turn reaches a gateway long after its record).
 //! - **Decisions** (this thread): conversations of [`TURNS`] turns on group documents, one
 //!   after another, turn by turn (turn `k` adds an assistant reply and a question, as in
 //!   `kvroute bench decision`); each turn is one whole decision: body parse → chat template →
 //!   tokenize (incremental) → block keys → fleet snapshot → policy (`predicted_ttft`, on the
 //!   event index) → booking → record (one copy of each tree; the index writer thread replays
-//!   it on the other, as the gateway's `kv-index`, `Router::catch_up`). Turns 2.. are timed into an hdrhistogram (p50, p99,
-//!   max); turn 1 (a cold tokenization of the whole document, ms at 32k) is reported apart,
-//!   and so is the decision from token ids (`from_ids`: every stage after parse and
-//!   tokenize, as a router whose clients send token ids would run).
+//!   it on the other, as the gateway's `kv-index`, `Router::catch_up`). Turns 2.. are timed
+//!   into an hdrhistogram (p50, p99, max); turn 1 (a cold tokenization of the whole
+//!   document, ms at 32k) is reported apart, and so is the decision from token ids
+//!   (`from_ids`: every stage after parse and tokenize, as a router whose clients send token
+//!   ids would run).
 //!   Each timed decision is followed by an untimed-in-the-whole call of the index lookup alone
 //!   (`Router::overlaps`), its own histogram, and by the in-run baseline `body_read`: the
 //!   body scanned once (`memchr`), the least any decision that reads the body costs on this

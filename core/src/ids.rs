@@ -36,10 +36,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::copy::copy_unaliased;
 
-/// Items of room a buffer keeps past its end at least (256 bytes of ids, 512 of keys): a short reply and question
-/// extend a short conversation in place. Kept small because the chat prefix cache charges
-/// a buffer's capacity ([`TokenIds::capacity`]) and copying a short head again costs little;
-/// the room that saves copies is a long conversation's half ([`grown`]).
+/// Items of room a buffer keeps past its end at least (256 bytes of ids, 512 of keys): a
+/// short reply and question extend a short conversation in place. Kept small because the
+/// chat prefix cache charges a buffer's capacity ([`Shared::capacity`]) and copying a short
+/// head again costs little; the room that saves copies is a long conversation's half
+/// ([`grown`]).
 pub const MIN_HEADROOM: usize = 64;
 
 /// Capacity, items, of a buffer made for `len` items that later turns may extend: `len` + half

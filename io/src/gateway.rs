@@ -1,6 +1,7 @@
 //! Turns a [`Config`] into running shards: validates it, builds the worker registry (each
 //! worker resolved and checked once), the router and the metrics, starts the background
-//! threads (health checks, load reports, KV events, the index writer, the admin API) and [`shard::start`].
+//! threads (health checks, load reports, KV events, the index writer, the admin API) and
+//! [`shard::start`].
 //! Also the fleet's run-time changes, shared by the admin API, SIGHUP and DNS discovery
 //! ([`crate::discovery`]): [`add_worker`], [`drain_worker`], [`remove_worker`].
 
