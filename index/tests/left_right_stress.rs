@@ -329,6 +329,16 @@ fn stress<T: Tree>(init: T) {
                 })
             })
             .collect();
+        // A writer thread replaying the lagging batch between writes, as the gateway's
+        // `kv-index` does (`LeftRight::catch_up`), racing the writers for the writer lock.
+        let catch_ups = s.spawn(|| {
+            let mut did = 0u64;
+            while !done.load(Ordering::Acquire) {
+                did += u64::from(lr.catch_up());
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            did
+        });
         let writers: Vec<_> = ops
             .iter()
             .map(|mine| {
@@ -352,6 +362,8 @@ fn stress<T: Tree>(init: T) {
         }
         let writing = started.elapsed();
         done.store(true, Ordering::Release);
+        let caught_up = catch_ups.join().expect("catch-up thread panicked");
+        assert!(caught_up > 0, "the catch-up thread never replayed a batch");
         assert!(
             writing < READ_LIMIT,
             "writers took {writing:?}: readers stopped before the writes ended"
