@@ -1,4 +1,4 @@
-//! Copies of large slices into new shared buffers (`Arc<[T]>`) that avoid 4K aliasing.
+//! Copies of large slices into shared buffers ([`crate::ids::Shared`]) that avoid 4K aliasing.
 //!
 //! An `Arc<[T]>`'s data sits 16 bytes past the start of its allocation, while a large `Vec`
 //! (a chat prefix cache segment, a tokenizer's output, a prompt's block keys) starts on a page
@@ -17,7 +17,6 @@
 //! µs forward or backward at source offsets 16 and 64).
 
 use std::mem::MaybeUninit;
-use std::sync::Arc;
 
 /// Bytes per chunk of [`copy_unaliased`].
 const CHUNK_BYTES: usize = 1024;
@@ -35,16 +34,6 @@ pub fn copy_unaliased<T: Copy>(dst: &mut [MaybeUninit<T>], src: &[T]) {
     for at in (0..full).step_by(chunk).rev() {
         dst[at..at + chunk].write_copy_of_slice(&src[at..at + chunk]);
     }
-}
-
-/// `src` in a new shared buffer, copied by [`copy_unaliased`]: what `Arc::from` makes, at up to
-/// 20× less cost for a long slice.
-pub fn shared_slice<T: Copy>(src: &[T]) -> Arc<[T]> {
-    let mut out = Arc::<[T]>::new_uninit_slice(src.len());
-    let dst = Arc::get_mut(&mut out).expect("a new Arc has no other owner");
-    copy_unaliased(dst, src);
-    // SAFETY: `copy_unaliased` wrote every element of `dst`, all `src.len()` of them.
-    unsafe { out.assume_init() }
 }
 
 #[cfg(test)]
@@ -71,13 +60,6 @@ mod tests {
         check(&ids, u32::MAX);
         let keys: Vec<u64> = (0..3 * 128 + 7).map(|i| i * 0x9E37_79B9 + 1).collect();
         check(&keys, u64::MAX);
-    }
-
-    #[test]
-    fn shared_slices_are_the_slices() {
-        let ids: Vec<u32> = (0..70_000).map(|i| i ^ 0x5555).collect();
-        assert_eq!(shared_slice(&ids)[..], ids[..]);
-        assert!(shared_slice::<u64>(&[]).is_empty());
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! rotation within seconds. (A round of the unhealthy ones that waits on a hung worker
 //! delays the next round of every worker by up to two timeouts.) A worker that comes back
 //! after being unhealthy is purged from every index first: it was restarted or lost its
-//! cache, and its engine re-announces what it holds. The thread ends once the gateway's state is dropped.
+//! cache, and its engine re-announces what it holds. The thread ends once the gateway's state
+//! is dropped.
 //!
 //! Also [`http_get`], the small blocking HTTP/1.0 client the background threads share (this
 //! one and the load reports of [`crate::load_poll`]).
