@@ -15,6 +15,9 @@
 # each run. Every server runs for the whole script, so the token server's state grows round
 # after round: its last round against its first is the state-growth ratio, printed raw and
 # paired (its last round's ratio to nginx over its first's: the machine's drift cancels).
+# With KVROUTE_BASE_BIN=PATH (another build, e.g. the commit before a change): also
+#   default@base, token@base   the same two servers run by that build, in the same rounds,
+# so a change's effect on throughput and CPU per request is read side by side.
 # Prints per target the median req/s and CPU µs/request over the rounds and both as ratios
 # to nginx's (the median of each round's ratio: paired, so the machine's drift between rounds
 # cancels; odd rounds run the targets in order, even rounds in reverse), and writes every
@@ -63,15 +66,24 @@ nginx -c "$conf/upstreams.conf" -p "$run/"
 nginx -c "$conf/proxy.conf" -p "$run/"
 workers=()
 for p in 19101 19102 19103 19104; do workers+=(--worker "http://127.0.0.1:$p"); done
-declare -A port=([direct]=19101 [nginx]=19000 [rr]=19011 [text]=19012 [default]=19013 [token]=19014)
+declare -A port=([direct]=19101 [nginx]=19000 [rr]=19011 [text]=19012 [default]=19013 [token]=19014
+                 [default@base]=19016 [token@base]=19017)
 declare -A flags=([rr]="--policy round_robin" [text]="--policy cache_aware" [default]=""
                   [token]="--policy cache_aware --tokenizer builtin:qwen3")
+flags[default@base]=${flags[default]} flags[token@base]=${flags[token]}
 declare -A pid
 targets=(direct nginx rr text default token)
-for t in rr text default token; do
+servers=(rr text default token)
+base_bin=${KVROUTE_BASE_BIN:-}
+if [ -n "$base_bin" ]; then
+  [ -x "$base_bin" ] || { echo "compare.sh: KVROUTE_BASE_BIN=$base_bin is not executable" >&2; exit 1; }
+  targets+=(default@base token@base) servers+=(default@base token@base)
+fi
+for t in "${servers[@]}"; do
+  b=$bin; [ "${t#*@}" = base ] && b=$base_bin
   # The access log off, as nginx's (access_log off): both measure the proxy, not its log.
   # shellcheck disable=SC2086
-  RUST_LOG=warn "$bin" serve --listen "127.0.0.1:${port[$t]}" --admin-listen "" "${workers[@]}" ${flags[$t]} \
+  RUST_LOG=warn "$b" serve --listen "127.0.0.1:${port[$t]}" --admin-listen "" "${workers[@]}" ${flags[$t]} \
     >"$run/$t.log" 2>&1 &
   pids+=($!); pid[$t]=$!
 done
@@ -148,12 +160,12 @@ for t in targets:
                   rr[-1] / rr[0] if len(rr) == rounds and rr[0] else float("nan"))
 lines = ["target\treq_per_s\tvs_nginx\tvs_nginx_min\tvs_nginx_max\tcpu_us_per_req\tcpu_vs_nginx\terrors\tlast_over_first\tlast_over_first_paired"]
 print(f"\nmedians of {rounds} interleaved rounds; x nginx: median of the per-round ratios (range)")
-print(f"{'target':<8} {'req/s':>9} {'× nginx':>8} {'range':>11} {'CPU µs/req':>11} {'× nginx':>8} {'errors':>7} {'last/first':>10} {'paired':>7}")
+print(f"{'target':<12} {'req/s':>9} {'× nginx':>8} {'range':>11} {'CPU µs/req':>11} {'× nginx':>8} {'errors':>7} {'last/first':>10} {'paired':>7}")
 for t, (rps, cpu, errs, growth, rr, cr, paired) in summary.items():
     cpu_s = f"{cpu:.1f}" if cpu is not None else "-"
     cpu_r = f"{med(cr):.2f}" if cr else "-"
     rng = f"{min(rr):.2f}-{max(rr):.2f}"
-    print(f"{t:<8} {rps:>9.0f} {med(rr):>8.2f} {rng:>11} {cpu_s:>11} {cpu_r:>8} {errs:>7} {growth:>10.2f} {paired:>7.2f}")
+    print(f"{t:<12} {rps:>9.0f} {med(rr):>8.2f} {rng:>11} {cpu_s:>11} {cpu_r:>8} {errs:>7} {growth:>10.2f} {paired:>7.2f}")
     lines.append(f"{t}\t{rps:.0f}\t{med(rr):.3f}\t{min(rr):.3f}\t{max(rr):.3f}\t{cpu_s}\t{cpu_r}\t{errs}\t{growth:.3f}\t{paired:.3f}")
 open(f"{out}/summary.tsv", "w").write("\n".join(lines) + "\n")
 EOF
