@@ -24,6 +24,7 @@
 //! are released right after each decision, as a served request's would be.
 
 use hdrhistogram::Histogram;
+use kvroute_core::chat_prefix::PrefixScanner;
 use kvroute_core::config::{Config, PolicyKind, defaults};
 use kvroute_core::policy::Router;
 use kvroute_core::route_key::Endpoint;
@@ -104,11 +105,18 @@ pub(crate) struct Timed {
     pub stages: [u64; 5],
     /// ns of the whole decision (≥ 1).
     pub whole: u64,
+    /// ns the prefix scan of the reads before the last took, while the body arrived (not in
+    /// `whole`).
+    pub early_scan: u64,
 }
 
 /// Routes chat `body` as the gateway does, at virtual time `seq` ms: parse and tokenize,
 /// facts, fleet snapshot and policy, book (a load guard, released right after its first
 /// token), record. Shared by `bench decision` and `bench fleet`.
+///
+/// Timed from the body's last read, as the gateway's decision starts: the reads before it
+/// (all but the last [`defaults::MIN_READ_BYTES`]) were scanned for cached chat prefixes as
+/// they came ([`PrefixScanner`]), untimed here and reported apart ([`Timed::early_scan`]).
 ///
 /// # Errors
 /// The body does not parse, the chat template fails, or the policy picks no worker.
@@ -121,9 +129,18 @@ pub(crate) fn timed_decision(
     rng: &mut impl rand::Rng,
 ) -> Result<Timed, BoxError> {
     let now = seq;
+    let early = Instant::now();
+    let mut scan = tokenizers
+        .scans(Endpoint::ChatCompletions)
+        .then(PrefixScanner::new);
+    if let Some(s) = scan.as_mut() {
+        s.feed(&body[..body.len().saturating_sub(defaults::MIN_READ_BYTES)]);
+    }
+    let early_scan = early.elapsed().as_nanos() as u64;
     let start = Instant::now();
     let mut t = start;
-    let (key, attached) = tokenizers.route(Endpoint::ChatCompletions, body, None, &|_| true)?;
+    let (key, attached) =
+        tokenizers.route_scanned(Endpoint::ChatCompletions, body, None, &|_| true, scan)?;
     if let Some(e) = attached.prompt_error {
         return Err(format!("the chat template failed: {e}").into());
     }
@@ -152,6 +169,7 @@ pub(crate) fn timed_decision(
         key,
         stages: [tokenize, facts_ns, decide, book, record],
         whole,
+        early_scan,
     })
 }
 

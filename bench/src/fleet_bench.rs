@@ -29,7 +29,10 @@
 //!   conversation's next turn reaches a gateway long after its record).
 //! - **Decisions** (this thread): conversations of [`TURNS`] turns on group documents, one
 //!   after another, turn by turn (turn `k` adds an assistant reply and a question, as in
-//!   `kvroute bench decision`); each turn is one whole decision: body parse → chat template →
+//!   `kvroute bench decision`); each turn is one whole decision, timed from the body's last
+//!   read ([`defaults::MIN_READ_BYTES`]: the reads before it were scanned for cached chat
+//!   prefixes as they came, as the gateway does; that scan is reported apart, `early_scan`):
+//!   body parse → chat template →
 //!   tokenize (incremental) → block keys → fleet snapshot → policy (`predicted_ttft`, on the
 //!   event index) → booking → record (one copy of each tree; the index writer thread replays
 //!   it on the other, as the gateway's `kv-index`, `Router::catch_up`). Turns 2.. are timed
@@ -445,6 +448,7 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         "index_lookup": q(&d.lookup),
         "from_ids": q(&d.from_ids),
         "body_read": q(&d.body_read),
+        "early_scan": q(&d.early_scan),
         "stages_p50_ns": by_stage(&d.stages, 0.5),
         "stages_p99_ns": by_stage(&d.stages, 0.99),
         "mean_matched_workers": d.matched as f64 / d.whole.len().max(1) as f64,
@@ -502,6 +506,8 @@ struct Decisions {
     /// The body scanned once (`memchr` for a byte JSON never holds, AVX2), right after its
     /// decision: the floor of any decision that reads the body, the in-run baseline.
     body_read: Histogram<u64>,
+    /// The prefix scan of a body's reads before its last (as they arrived; not in `whole`).
+    early_scan: Histogram<u64>,
     stages: Vec<Histogram<u64>>,
     matched: usize,
     prompt_tokens: usize,
@@ -523,6 +529,7 @@ fn decide_loop(
         turn1: histogram(),
         lookup: histogram(),
         body_read: histogram(),
+        early_scan: histogram(),
         from_ids: histogram(),
         stages: (0..5).map(|_| histogram()).collect(),
         matched: 0,
@@ -549,6 +556,7 @@ fn decide_loop(
                 continue;
             }
             d.whole.record(timed.whole)?;
+            d.early_scan.record(timed.early_scan.max(1))?;
             // The floor: the body read once, as fast as the machine reads memory.
             let t = Instant::now();
             std::hint::black_box(memchr::memchr(0xFF, std::hint::black_box(&body)));

@@ -332,6 +332,84 @@ pub(crate) fn candidates(body: &[u8]) -> Vec<(usize, u128)> {
         .collect()
 }
 
+/// [`candidates`] computed while a body arrives, so that when its last bytes come only they
+/// are left to scan and hash (a gateway reads a 200 KB body in reads of 16 KiB or more; the
+/// hash pass over the whole body is the largest step of a long conversation's turn,
+/// perf/runs/2026-12-06-decision-anatomy).
+///
+/// Feed it the body so far after each read ([`Self::feed`]), then the whole body
+/// ([`Self::finish`]): the answer equals `candidates(body)` whatever the reads were (the
+/// streaming xxh3 of a prefix does not depend on how its bytes were split). The hasher runs
+/// up to the scan's frontier as bytes come (every later candidate's prefix contains them);
+/// a `}` waits for the next non-whitespace byte to tell whether it ends a candidate. Cost:
+/// the bytes once, plus one xxh3 finalization (~40 ns) per candidate end, all of them while
+/// the body arrives, not only the last [`MAX_PROBES`] (a content dense in `},` costs one per
+/// pair; bounded by the body limit).
+#[derive(Clone, Default)]
+pub struct PrefixScanner {
+    hasher: XxHash3_128,
+    /// Bytes hashed so far (the hasher is at `body[..hashed]`).
+    hashed: usize,
+    /// Bytes scanned for `}` so far.
+    scanned: usize,
+    /// Just past a `}` whose next non-whitespace byte has not arrived.
+    pending: Option<usize>,
+    /// The last [`MAX_PROBES`] candidate ends and their hashes, ascending.
+    ends: std::collections::VecDeque<(usize, u128)>,
+}
+
+impl std::fmt::Debug for PrefixScanner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrefixScanner")
+            .field("hashed", &self.hashed)
+            .field("scanned", &self.scanned)
+            .field("ends", &self.ends.len())
+            .finish()
+    }
+}
+
+impl PrefixScanner {
+    /// A scanner at the start of a body.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Scans and hashes what `body` (the body so far: every call's `body` starts with the
+    /// previous call's) holds past what earlier calls saw.
+    pub fn feed(&mut self, body: &[u8]) {
+        loop {
+            if let Some(end) = self.pending {
+                let next = skip_ws(body, end);
+                let Some(&b) = body.get(next) else {
+                    return;
+                };
+                if matches!(b, b',' | b']') {
+                    if self.ends.len() == MAX_PROBES {
+                        self.ends.pop_front();
+                    }
+                    self.ends.push_back((end, self.hasher.finish_128()));
+                }
+                self.pending = None;
+            }
+            let (to, pending) = match memchr::memchr(b'}', &body[self.scanned..]) {
+                Some(k) => (self.scanned + k + 1, Some(self.scanned + k + 1)),
+                None => (body.len(), None),
+            };
+            self.hasher.write(&body[self.hashed..to]);
+            (self.hashed, self.scanned, self.pending) = (to, to, pending);
+            if pending.is_none() {
+                return;
+            }
+        }
+    }
+
+    /// `candidates(body)` for the whole `body` (which starts with every fed slice).
+    pub fn finish(mut self, body: &[u8]) -> Vec<(usize, u128)> {
+        self.feed(body);
+        self.ends.into()
+    }
+}
+
 /// The xxh3-128 hash of `bytes` (what [`candidates`] computes for a prefix).
 fn prefix_hash(bytes: &[u8]) -> u128 {
     XxHash3_128::oneshot(bytes)
@@ -1240,8 +1318,63 @@ mod tests {
         }
     }
 
+    /// The scanner fed `body` read by read (`reads`: the read sizes, cycled; 0 stands for 1).
+    fn scanned(body: &[u8], reads: &[usize]) -> Vec<(usize, u128)> {
+        let mut sc = PrefixScanner::new();
+        let mut at = 0;
+        for &n in reads.iter().cycle() {
+            if at >= body.len() {
+                break;
+            }
+            at = (at + n.max(1)).min(body.len());
+            sc.feed(&body[..at]);
+        }
+        sc.finish(body)
+    }
+
+    #[test]
+    fn the_scanner_waits_for_the_byte_after_a_brace() {
+        let body = br#"{"messages":[{"role":"user","content":"a}b"} , {"role":"user","content":"c"}],"model":"m"}"#;
+        let want = candidates(body);
+        // Two message ends (`a}b` is followed by `b`, the last `}` by nothing).
+        let first = body.windows(3).position(|w| w == b"\"} ").unwrap() + 2;
+        let second = body.windows(3).position(|w| w == b"\"}]").unwrap() + 2;
+        assert_eq!(
+            want.iter().map(|c| c.0).collect::<Vec<_>>(),
+            vec![first, second]
+        );
+        assert_eq!(want[0].1, prefix_hash(&body[..first]));
+        // A read ending right after the first message's `}`, then one ending in the spaces
+        // before its `,`: the end is known only once the `,` is there.
+        let mut sc = PrefixScanner::new();
+        sc.feed(&body[..first]);
+        sc.feed(&body[..first + 1]);
+        assert!(sc.ends.is_empty());
+        sc.feed(&body[..first + 2]);
+        assert_eq!(sc.ends.iter().copied().collect::<Vec<_>>(), want[..1]);
+        assert_eq!(sc.finish(body), want);
+        for n in 1..body.len() {
+            assert_eq!(scanned(body, &[n]), want, "reads of {n}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+        /// Whatever the reads, the scanner's answer is `candidates`': on chat bodies and on
+        /// bytes dense in braces, commas, brackets and whitespace (more than `MAX_PROBES`
+        /// ends, so the window slides).
+        #[test]
+        fn the_scanner_equals_candidates(
+            msgs in prop::collection::vec(message(), 1..6),
+            shape in 0..8u8,
+            noise in prop::collection::vec(prop::sample::select(b"}},] \n\ta\"".to_vec()), 0..600),
+            reads in prop::collection::vec(0..300usize, 1..8),
+        ) {
+            let chat = body(&msgs, shape);
+            prop_assert_eq!(scanned(&chat, &reads), candidates(&chat));
+            prop_assert_eq!(scanned(&noise, &reads), candidates(&noise));
+        }
+
         /// Over conversations that grow, repeat, drop and edit turns, in several body shapes:
         /// the key and ids are the full path's, whatever the cache held.
         #[test]

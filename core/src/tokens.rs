@@ -17,7 +17,7 @@
 //! cache is shared between cores.
 
 use crate::CoreError;
-use crate::chat_prefix::{ChatCache, SharedChatCache, candidates};
+use crate::chat_prefix::{ChatCache, PrefixScanner, SharedChatCache, candidates};
 use crate::config::Config;
 use crate::ids::BlockKeySeq;
 use crate::route_key::{Endpoint, RouteKey, TokenSource, route_key};
@@ -320,10 +320,38 @@ impl ShardTokenizers {
         header: Option<&[u8]>,
         tokenize: &dyn Fn(&str) -> bool,
     ) -> Result<(RouteKey, Attached), CoreError> {
-        let has_tokenizer = self.default.is_some() || !self.by_model.is_empty();
-        let chat = endpoint == Endpoint::ChatCompletions && header.is_none() && has_tokenizer;
+        self.route_scanned(endpoint, body, header, tokenize, None)
+    }
+
+    /// True when [`Self::route`] of a body for `endpoint` scans it for cached chat prefixes
+    /// (a chat body and a tokenizer; without a routing-tokens header): a transport then runs
+    /// a [`PrefixScanner`] over the body as it arrives and hands it to
+    /// [`Self::route_scanned`].
+    pub fn scans(&self, endpoint: Endpoint) -> bool {
+        endpoint == Endpoint::ChatCompletions
+            && (self.default.is_some() || !self.by_model.is_empty())
+    }
+
+    /// [`Self::route`], with the prefix scan of `body` done as far as `scanner` was fed
+    /// (`None`: all of it here). The answer is the same either way.
+    ///
+    /// # Errors
+    /// [`route_key`]'s, for a body it refuses.
+    pub fn route_scanned(
+        &mut self,
+        endpoint: Endpoint,
+        body: &[u8],
+        header: Option<&[u8]>,
+        tokenize: &dyn Fn(&str) -> bool,
+        scanner: Option<PrefixScanner>,
+    ) -> Result<(RouteKey, Attached), CoreError> {
+        let chat = self.scans(endpoint) && header.is_none();
         // Candidate message ends and their hashes: one pass, for the lookup and the inserts.
-        let cands = if chat { candidates(body) } else { Vec::new() };
+        let cands = match scanner {
+            _ if !chat => Vec::new(),
+            Some(s) => s.finish(body),
+            None => candidates(body),
+        };
         if chat && let Some(r) = self.route_cached(body, &cands, tokenize) {
             let (key, reused_tokens) = r?;
             let attached = Attached {

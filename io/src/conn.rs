@@ -11,7 +11,7 @@ use monoio::net::TcpStream;
 use std::io;
 
 /// Smallest free space offered to one read, in bytes.
-const MIN_READ_SPACE: usize = 16 * 1024;
+const MIN_READ_SPACE: usize = kvroute_core::config::defaults::MIN_READ_BYTES;
 
 /// A byte stream a [`Conn`] can run on: readable, writable, and able to tell when its peer
 /// has gone while nothing is being read (bug-cases.md B41).

@@ -28,6 +28,7 @@ use crate::record::Record;
 use crate::relay::{self, RelayEnd};
 use crate::state::Shared;
 use crate::upstream::{self, Pool};
+use kvroute_core::chat_prefix::PrefixScanner;
 use kvroute_core::config::defaults;
 use kvroute_core::health::{Outcome, is_retryable_status};
 use kvroute_core::metrics::Format;
@@ -148,7 +149,19 @@ pub fn reject(
 
 /// Answers one request through `sink`. Every outcome is counted and logged once, by the
 /// request's [`Record`].
-pub async fn handle(ctx: &ShardCtx, req: Request, sink: &mut impl ResponseSink) {
+/// A [`PrefixScanner`] for the body of a `method` request to `target` when routing it
+/// would scan the body for cached chat prefixes ([`kvroute_core::tokens::ShardTokenizers::scans`]):
+/// the transport feeds it as the body arrives and puts it in [`Request::prefix_scan`], so the
+/// decision, once the last bytes are in, scans and hashes only those (the whole-body hash
+/// pass is the largest step of a long conversation's turn, perf/runs/2026-12-06-decision-anatomy).
+pub fn prefix_scanner(ctx: &ShardCtx, method: &str, target: &str) -> Option<PrefixScanner> {
+    let Route::Infer(endpoint) = Route::of(crate::message::path_of(target)) else {
+        return None;
+    };
+    (method == "POST" && ctx.tokens.borrow().scans(endpoint)).then(PrefixScanner::new)
+}
+
+pub async fn handle(ctx: &ShardCtx, mut req: Request, sink: &mut impl ResponseSink) {
     let shared = &ctx.shared;
     shared.in_flight.fetch_add(1, Ordering::SeqCst);
     let _in_flight = InFlight(shared);
@@ -156,6 +169,7 @@ pub async fn handle(ctx: &ShardCtx, req: Request, sink: &mut impl ResponseSink) 
         sink.close_after();
     }
     let route = Route::of(req.path());
+    let scan = req.prefix_scan.take();
     let request_id = request_id(shared, &req);
     let mut rec = Record::new(
         shared,
@@ -227,7 +241,7 @@ pub async fn handle(ctx: &ShardCtx, req: Request, sink: &mut impl ResponseSink) 
                 }
             }
         }
-        Route::Infer(endpoint) => proxy(ctx, &req, endpoint, sink, &mut rec, &extra).await,
+        Route::Infer(endpoint) => proxy(ctx, &req, scan, endpoint, sink, &mut rec, &extra).await,
         Route::NotFound => unreachable!("answered above"),
     }
 }
@@ -327,6 +341,7 @@ fn parse_and_tokenize(
     ctx: &ShardCtx,
     endpoint: Endpoint,
     req: &Request,
+    scan: Option<PrefixScanner>,
 ) -> Result<RouteKey, kvroute_core::CoreError> {
     let shared = &ctx.shared;
     let header = req.header(ROUTING_TOKENS_HEADER);
@@ -336,7 +351,7 @@ fn parse_and_tokenize(
     let (key, attached) = ctx
         .tokens
         .borrow_mut()
-        .route(endpoint, &req.body, header, &accepted)?;
+        .route_scanned(endpoint, &req.body, header, &accepted, scan)?;
     if !accepted(&key.model) {
         return Ok(key);
     }
@@ -568,13 +583,14 @@ async fn attempts(
 async fn proxy(
     ctx: &ShardCtx,
     req: &Request,
+    scan: Option<PrefixScanner>,
     endpoint: Endpoint,
     sink: &mut impl ResponseSink,
     rec: &mut Record<'_>,
     extra: &[HeaderLine<'_>],
 ) {
     let shared = &ctx.shared;
-    let mut key = match parse_and_tokenize(ctx, endpoint, req) {
+    let mut key = match parse_and_tokenize(ctx, endpoint, req, scan) {
         Ok(key) => key,
         Err(e) => {
             shared.metrics.on_bad_request(e.kind());

@@ -3,6 +3,7 @@
 //! HTTP/2 and TLS later). Arrows: a transport → [`crate::exchange`] → this module; the
 //! exchange never imports a transport.
 
+use kvroute_core::chat_prefix::PrefixScanner;
 use std::future::Future;
 use std::io;
 use std::time::Instant;
@@ -99,6 +100,9 @@ pub struct Request {
     pub headers: Headers,
     /// The whole body (de-chunked), bytes.
     pub body: Vec<u8>,
+    /// The body's chat-prefix scan, run by the transport as the body arrived (see
+    /// [`crate::exchange::prefix_scanner`]); `None`: not run (routing scans the body itself).
+    pub prefix_scan: Option<PrefixScanner>,
     /// When the transport started reading this request (router-added latency and TTFT are
     /// measured from here).
     pub received: Instant,
@@ -281,6 +285,7 @@ mod tests {
             target: target.into(),
             headers: Headers::collect([("X-Session-Id", &b"s1"[..]), ("x-a", b"")].into_iter()),
             body: Vec::new(),
+            prefix_scan: None,
             received: Instant::now(),
         }
     }

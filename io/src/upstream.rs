@@ -386,6 +386,7 @@ mod tests {
                 .into_iter(),
             ),
             body: b"{}".to_vec(),
+            prefix_scan: None,
             received: Instant::now(),
         };
         let text = |rank| {

@@ -145,6 +145,118 @@ fn chat_turns_router_ids_and_block_keys_match_the_engine() {
     gw.shutdown();
 }
 
+/// Sends `body` to `path` in pieces ending at each of `cuts` (ascending offsets), 10 ms
+/// apart, so the gateway reads it over several reads; `chunked`: as chunked transfer coding,
+/// one chunk per piece. Reads the response.
+fn post_in_pieces(
+    addr: std::net::SocketAddr,
+    path: &str,
+    body: &[u8],
+    cuts: &[usize],
+    chunked: bool,
+) -> Response {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    s.set_nodelay(true).unwrap();
+    let framing = if chunked {
+        "transfer-encoding: chunked".to_string()
+    } else {
+        format!("content-length: {}", body.len())
+    };
+    let head = format!("POST {path} HTTP/1.1\r\nhost: {addr}\r\n{framing}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    let mut at = 0;
+    for &end in cuts.iter().chain(std::iter::once(&body.len())) {
+        let piece = &body[at..end];
+        at = end;
+        if chunked {
+            s.write_all(format!("{:x}\r\n", piece.len()).as_bytes())
+                .unwrap();
+            s.write_all(piece).unwrap();
+            s.write_all(b"\r\n").unwrap();
+        } else {
+            s.write_all(piece).unwrap();
+        }
+        s.flush().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    if chunked {
+        s.write_all(b"0\r\n\r\n").unwrap();
+    }
+    read_response(&mut s)
+}
+
+/// A long chat's next turns arrive over many reads, whole or chunked, cut inside messages
+/// and right after a message's `}` (the gateway scans each read for cached chat prefixes as
+/// it comes, `PrefixScanner`): each turn still reuses all of the turn before's messages, and
+/// its ids are the engine's.
+#[test]
+fn a_chat_body_read_in_pieces_reuses_the_turn_before() {
+    let eng = engine();
+    let gw = gateway_to(format!("http://{}", eng.addr), Some(qwen3_dir()));
+    let tok = Tokenizer::qwen3().unwrap();
+    let long: Vec<String> = (0..60).map(paragraph).collect();
+    let mut messages = vec![
+        json!({"role": "system", "content": long.join("\n")}),
+        json!({"role": "user", "content": paragraph(1)}),
+    ];
+    let resp = post(
+        gw.local_addr(),
+        "/v1/chat/completions",
+        &json!({"model": "qwen3-sim", "messages": messages, "max_tokens": 3}),
+    );
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let reused = |gw: &Server| {
+        let m = get(gw.local_addr(), "/metrics").text();
+        metric(&m, "kvroute_tokenize_tokens_total{how=\"reused\"}").unwrap_or(0.0)
+    };
+    for (turn, chunked) in [(2, false), (3, true)] {
+        // All of the turn before but its generation prompt is reused.
+        let before_ids = last_key(&gw).input_ids.expect("token mode").len();
+        let generation = tok.encode("<|im_start|>assistant\n").len();
+        let before = reused(&gw);
+        messages.push(json!({"role": "assistant", "content": paragraph(50 + turn)}));
+        messages.push(json!({"role": "user", "content": paragraph(80 + turn)}));
+        let body = serde_json::to_vec(
+            &json!({"model": "qwen3-sim", "messages": messages, "max_tokens": 3}),
+        )
+        .unwrap();
+        assert!(body.len() > 32 * 1024, "{} bytes", body.len());
+        // Every 5,000 bytes, and right after the `}` closing each message but the last.
+        let mut cuts: Vec<usize> = (1..body.len() / 5000).map(|k| k * 5000).collect();
+        cuts.extend(
+            body.windows(2)
+                .enumerate()
+                .filter(|(_, w)| w == b"},")
+                .map(|(i, _)| i + 1),
+        );
+        cuts.sort_unstable();
+        cuts.dedup();
+        let resp = post_in_pieces(
+            gw.local_addr(),
+            "/v1/chat/completions",
+            &body,
+            &cuts,
+            chunked,
+        );
+        assert_eq!(resp.status, 200, "turn {turn}: {}", resp.text());
+        let ids = last_key(&gw).input_ids.expect("token mode");
+        let engine_ids = tok.encode(
+            &tok.render_chat(&Value::Array(messages.clone()), true)
+                .unwrap(),
+        );
+        assert_eq!(ids[..], engine_ids[..], "turn {turn}: ids");
+        assert_eq!(
+            reused(&gw) - before,
+            (before_ids - generation) as f64,
+            "turn {turn}: reused tokens"
+        );
+    }
+    gw.shutdown();
+}
+
 #[test]
 fn completions_and_generate_agree_with_the_engine() {
     let eng = engine();

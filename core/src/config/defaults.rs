@@ -10,6 +10,10 @@ pub const LISTEN: &str = "127.0.0.1:8000";
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 /// Largest request head, bytes (64 KiB); larger → 431. Source: seed doc.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Smallest free space a client connection offers one socket read, bytes (16 KiB): a chat
+/// request's head and body usually arrive in one read, a 200 KB body in 13 or fewer, each
+/// scanned for chat prefixes as it comes (`chat_prefix::PrefixScanner`). kvroute's choice.
+pub const MIN_READ_BYTES: usize = 16 * 1024;
 /// Time allowed for one exchange with a worker, seconds (30 min: long generations stream that
 /// long); over → 504. Source: seed doc.
 pub const REQUEST_TIMEOUT_SECS: u64 = 1800;

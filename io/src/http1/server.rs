@@ -15,6 +15,7 @@ use crate::exchange::{self, ShardCtx};
 use crate::message::{
     ApiError, BodyKind, HeaderLine, REQUEST_ID_HEADER, Request, ResponseSink, respond_error,
 };
+use kvroute_core::chat_prefix::PrefixScanner;
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -46,18 +47,19 @@ pub async fn serve_connection<S: Transport>(ctx: ShardCtx, mut client: Conn<S>) 
                 return;
             }
         };
-        let body =
-            match read_body(&mut client, &head, s.max_body_bytes, s.client_body_timeout).await {
-                Ok(body) => body,
-                Err(BodyError::Closed) => return,
-                Err(BodyError::Http(e)) => {
-                    let req = to_request(head, Vec::new(), received);
-                    reject(&ctx, &mut client, &e, received, Some(&req)).await;
-                    return;
-                }
-            };
+        let mut scan = exchange::prefix_scanner(&ctx, &head.method, &head.target);
+        let limits = (s.max_body_bytes, s.client_body_timeout);
+        let body = match read_body(&mut client, &head, limits, scan.as_mut()).await {
+            Ok(body) => body,
+            Err(BodyError::Closed) => return,
+            Err(BodyError::Http(e)) => {
+                let req = to_request(head, Vec::new(), None, received);
+                reject(&ctx, &mut client, &e, received, Some(&req)).await;
+                return;
+            }
+        };
         let keep = head.keep_alive;
-        let req = to_request(head, body, received);
+        let req = to_request(head, body, scan, received);
         let mut sink = Http1Sink::with_buffer(&mut client, keep, std::mem::take(&mut out));
         exchange::handle(&ctx, req, &mut sink).await;
         // Whatever the exchange left held (a head no data followed) reaches the client.
@@ -91,12 +93,18 @@ async fn reject<S: Transport>(
 
 /// A parsed head and its body as a neutral [`Request`] (moved, nothing parsed again:
 /// httparse already checked the method, target and header bytes).
-fn to_request(head: RequestHead, body: Vec<u8>, received: Instant) -> Request {
+fn to_request(
+    head: RequestHead,
+    body: Vec<u8>,
+    prefix_scan: Option<PrefixScanner>,
+    received: Instant,
+) -> Request {
     Request {
         method: head.method,
         target: head.target,
         headers: head.headers,
         body,
+        prefix_scan,
         received,
     }
 }
@@ -162,12 +170,14 @@ async fn fill_body<S: Transport>(client: &mut Conn<S>, timeout: Duration) -> Res
     }
 }
 
-/// Reads the whole request body (the router must see it to route), de-chunking if needed.
+/// Reads the whole request body (the router must see it to route), de-chunking if needed,
+/// under `(max_body, timeout)` (bytes, per read); feeds `scan` the body so far after each
+/// read ([`exchange::prefix_scanner`]).
 async fn read_body<S: Transport>(
     client: &mut Conn<S>,
     head: &RequestHead,
-    max_body: usize,
-    timeout: Duration,
+    (max_body, timeout): (usize, Duration),
+    mut scan: Option<&mut PrefixScanner>,
 ) -> Result<Vec<u8>, BodyError> {
     let too_large = HttpError::BodyTooLarge { limit: max_body };
     match head.framing {
@@ -179,6 +189,9 @@ async fn read_body<S: Transport>(
             let n = n as usize;
             send_continue(client, head).await;
             while client.buffered().len() < n {
+                if let Some(scan) = scan.as_deref_mut() {
+                    scan.feed(client.buffered());
+                }
                 fill_body(client, timeout).await?;
             }
             let body = client.buffered()[..n].to_vec();
@@ -197,6 +210,9 @@ async fn read_body<S: Transport>(
                 }
                 if dec.is_done() {
                     return Ok(body);
+                }
+                if let Some(scan) = scan.as_deref_mut() {
+                    scan.feed(&body);
                 }
                 fill_body(client, timeout).await?;
             }
