@@ -147,13 +147,12 @@ pub fn reject(
     id
 }
 
-/// Answers one request through `sink`. Every outcome is counted and logged once, by the
-/// request's [`Record`].
 /// A [`PrefixScanner`] for the body of a `method` request to `target` when routing it
-/// would scan the body for cached chat prefixes ([`kvroute_core::tokens::ShardTokenizers::scans`]):
-/// the transport feeds it as the body arrives and puts it in [`Request::prefix_scan`], so the
-/// decision, once the last bytes are in, scans and hashes only those (the whole-body hash
-/// pass is the largest step of a long conversation's turn, perf/runs/2026-12-06-decision-anatomy).
+/// would scan the body for cached chat prefixes
+/// ([`kvroute_core::tokens::ShardTokenizers::scans`]): the transport feeds it as the body
+/// arrives and puts it in [`Request::prefix_scan`], so the decision, once the last bytes are
+/// in, scans and hashes only those (the whole-body hash pass is the largest step of a long
+/// conversation's turn, perf/runs/2026-12-06-decision-anatomy).
 pub fn prefix_scanner(ctx: &ShardCtx, method: &str, target: &str) -> Option<PrefixScanner> {
     let Route::Infer(endpoint) = Route::of(crate::message::path_of(target)) else {
         return None;
@@ -161,6 +160,8 @@ pub fn prefix_scanner(ctx: &ShardCtx, method: &str, target: &str) -> Option<Pref
     (method == "POST" && ctx.tokens.borrow().scans(endpoint)).then(PrefixScanner::new)
 }
 
+/// Answers one request through `sink`. Every outcome is counted and logged once, by the
+/// request's [`Record`].
 pub async fn handle(ctx: &ShardCtx, mut req: Request, sink: &mut impl ResponseSink) {
     let shared = &ctx.shared;
     shared.in_flight.fetch_add(1, Ordering::SeqCst);
