@@ -147,17 +147,17 @@ pub fn reject(
     id
 }
 
-/// A [`PrefixScanner`] for the body of a `method` request to `target` when routing it
-/// would scan the body for cached chat prefixes
-/// ([`kvroute_core::tokens::ShardTokenizers::scans`]): the transport feeds it as the body
-/// arrives and puts it in [`Request::prefix_scan`], so the decision, once the last bytes are
-/// in, scans and hashes only those (the whole-body hash pass is the largest step of a long
-/// conversation's turn, perf/runs/2026-12-06-decision-anatomy).
-pub fn prefix_scanner(ctx: &ShardCtx, method: &str, target: &str) -> Option<PrefixScanner> {
+/// True when routing the body of a `method` request to `target` scans it for cached chat
+/// prefixes ([`kvroute_core::tokens::ShardTokenizers::scans`]): a transport that reads the
+/// body in several pieces then feeds a [`PrefixScanner`] as it arrives and puts it in
+/// [`Request::prefix_scan`], so the decision, once the last bytes are in, scans and hashes
+/// only those (the whole-body hash pass is the largest step of a long conversation's turn,
+/// perf/runs/2026-12-06-decision-anatomy).
+pub fn scans_body(ctx: &ShardCtx, method: &str, target: &str) -> bool {
     let Route::Infer(endpoint) = Route::of(crate::message::path_of(target)) else {
-        return None;
+        return false;
     };
-    (method == "POST" && ctx.tokens.borrow().scans(endpoint)).then(PrefixScanner::new)
+    method == "POST" && ctx.tokens.borrow().scans(endpoint)
 }
 
 /// Answers one request through `sink`. Every outcome is counted and logged once, by the
@@ -342,17 +342,20 @@ fn parse_and_tokenize(
     ctx: &ShardCtx,
     endpoint: Endpoint,
     req: &Request,
-    scan: Option<PrefixScanner>,
+    scan: Option<Box<PrefixScanner>>,
 ) -> Result<RouteKey, kvroute_core::CoreError> {
     let shared = &ctx.shared;
     let header = req.header(ROUTING_TOKENS_HEADER);
     let accepted = |model: &str| {
         (!model.is_empty() || endpoint == Endpoint::Generate) && shared.workers.knows_model(model)
     };
-    let (key, attached) = ctx
-        .tokens
-        .borrow_mut()
-        .route_scanned(endpoint, &req.body, header, &accepted, scan)?;
+    let (key, attached) = ctx.tokens.borrow_mut().route_scanned(
+        endpoint,
+        &req.body,
+        header,
+        &accepted,
+        scan.map(|s| *s),
+    )?;
     if !accepted(&key.model) {
         return Ok(key);
     }
@@ -584,7 +587,7 @@ async fn attempts(
 async fn proxy(
     ctx: &ShardCtx,
     req: &Request,
-    scan: Option<PrefixScanner>,
+    scan: Option<Box<PrefixScanner>>,
     endpoint: Endpoint,
     sink: &mut impl ResponseSink,
     rec: &mut Record<'_>,

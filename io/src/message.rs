@@ -101,8 +101,8 @@ pub struct Request {
     /// The whole body (de-chunked), bytes.
     pub body: Vec<u8>,
     /// The body's chat-prefix scan, run by the transport as the body arrived (see
-    /// [`crate::exchange::prefix_scanner`]); `None`: not run (routing scans the body itself).
-    pub prefix_scan: Option<PrefixScanner>,
+    /// [`crate::exchange::scans_body`]); `None`: not run (routing scans the body itself).
+    pub prefix_scan: Option<Box<PrefixScanner>>,
     /// When the transport started reading this request (router-added latency and TTFT are
     /// measured from here).
     pub received: Instant,

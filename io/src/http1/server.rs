@@ -47,9 +47,9 @@ pub async fn serve_connection<S: Transport>(ctx: ShardCtx, mut client: Conn<S>) 
                 return;
             }
         };
-        let mut scan = exchange::prefix_scanner(&ctx, &head.method, &head.target);
+        let mut scan = BodyScan::new(|| exchange::scans_body(&ctx, &head.method, &head.target));
         let limits = (s.max_body_bytes, s.client_body_timeout);
-        let body = match read_body(&mut client, &head, limits, scan.as_mut()).await {
+        let body = match read_body(&mut client, &head, limits, &mut scan).await {
             Ok(body) => body,
             Err(BodyError::Closed) => return,
             Err(BodyError::Http(e)) => {
@@ -58,6 +58,7 @@ pub async fn serve_connection<S: Transport>(ctx: ShardCtx, mut client: Conn<S>) 
                 return;
             }
         };
+        let scan = scan.scanner;
         let keep = head.keep_alive;
         let req = to_request(head, body, scan, received);
         let mut sink = Http1Sink::with_buffer(&mut client, keep, std::mem::take(&mut out));
@@ -96,7 +97,7 @@ async fn reject<S: Transport>(
 fn to_request(
     head: RequestHead,
     body: Vec<u8>,
-    prefix_scan: Option<PrefixScanner>,
+    prefix_scan: Option<Box<PrefixScanner>>,
     received: Instant,
 ) -> Request {
     Request {
@@ -170,14 +171,45 @@ async fn fill_body<S: Transport>(client: &mut Conn<S>, timeout: Duration) -> Res
     }
 }
 
+/// The prefix scan of a request body that takes more than one read: a [`PrefixScanner`] is
+/// made at the first wait for more bytes, when `scans()` says routing will scan the body
+/// ([`exchange::scans_body`]), and fed the body so far before each later wait. A body whole
+/// at the first look (most requests: head and body in one read) makes none: the decision
+/// scans it at once, and no request carries a scanner it did not need.
+struct BodyScan<F> {
+    scans: Option<F>,
+    scanner: Option<Box<PrefixScanner>>,
+}
+
+impl<F: FnOnce() -> bool> BodyScan<F> {
+    fn new(scans: F) -> Self {
+        Self {
+            scans: Some(scans),
+            scanner: None,
+        }
+    }
+
+    /// Before a wait for more bytes: `body` is the body so far.
+    fn feed(&mut self, body: &[u8]) {
+        if let Some(scans) = self.scans.take()
+            && scans()
+        {
+            self.scanner = Some(Box::default());
+        }
+        if let Some(s) = self.scanner.as_mut() {
+            s.feed(body);
+        }
+    }
+}
+
 /// Reads the whole request body (the router must see it to route), de-chunking if needed,
-/// under `(max_body, timeout)` (bytes, per read); feeds `scan` the body so far after each
-/// read ([`exchange::prefix_scanner`]).
-async fn read_body<S: Transport>(
+/// under `(max_body, timeout)` (bytes, per read); feeds `scan` the body so far before each
+/// wait for more ([`BodyScan`]).
+async fn read_body<S: Transport, F: FnOnce() -> bool>(
     client: &mut Conn<S>,
     head: &RequestHead,
     (max_body, timeout): (usize, Duration),
-    mut scan: Option<&mut PrefixScanner>,
+    scan: &mut BodyScan<F>,
 ) -> Result<Vec<u8>, BodyError> {
     let too_large = HttpError::BodyTooLarge { limit: max_body };
     match head.framing {
@@ -189,9 +221,7 @@ async fn read_body<S: Transport>(
             let n = n as usize;
             send_continue(client, head).await;
             while client.buffered().len() < n {
-                if let Some(scan) = scan.as_deref_mut() {
-                    scan.feed(client.buffered());
-                }
+                scan.feed(client.buffered());
                 fill_body(client, timeout).await?;
             }
             let body = client.buffered()[..n].to_vec();
@@ -211,9 +241,7 @@ async fn read_body<S: Transport>(
                 if dec.is_done() {
                     return Ok(body);
                 }
-                if let Some(scan) = scan.as_deref_mut() {
-                    scan.feed(&body);
-                }
+                scan.feed(&body);
                 fill_body(client, timeout).await?;
             }
         }
