@@ -15,6 +15,10 @@ rows = [
     ("from token ids p50", lambda r: r["from_ids"]["p50_ns"]),
     ("body read once p50 (baseline)", lambda r: r["body_read"]["p50_ns"]),
     ("decision p50 / body read p50", lambda r: r["decision_p50_ns"] / r["body_read"]["p50_ns"] * 1000),
+    # The host's speed moves a round's stages together: the decide stage over the parse and
+    # tokenize stage of the same round is the ratio to read when only decide's code changed.
+    ("decide p50 / parse_tokenize p50", lambda r: r["stages_p50_ns"]["decide"] / r["stages_p50_ns"]["parse_tokenize"] * 1000),
+    ("decide p99 / parse_tokenize p99", lambda r: r["stages_p99_ns"]["decide"] / r["stages_p99_ns"]["parse_tokenize"] * 1000),
 ]
 for size in sizes:
     runs = {b: [json.load(open(f)) for f in sorted(glob.glob(f"{out}/{size}-{b}-*.json"))] for b in ("base", "new")}

@@ -51,6 +51,28 @@ pub struct Worker {
     pub spec: WorkerSpec,
     /// The worker's own API key, read from `spec.api_key_env` when it was added.
     pub api_key: Option<String>,
+    /// The counts and flags a decision reads, in one cache line ([`Hot`]).
+    hot: Hot,
+    breaker: Mutex<Breaker>,
+    health: Mutex<HealthTracker>,
+    models: RwLock<Vec<String>>,
+    /// What this router booked on the worker (prefill, active blocks, since-poll credit,
+    /// learned prefill curve).
+    active: ActiveLoad,
+    /// Requests other router replicas sent and reported (replica sync, [`crate::sync`]), by
+    /// (origin replica, its request id): the booking's id in `active` and when it was booked
+    /// (this router's clock, ms).
+    peers: Mutex<HashMap<(u64, u64), (u64, f64)>>,
+}
+
+/// The words of a [`Worker`] that a decision reads (with its published active load,
+/// [`ActiveLoad::prefetch`]), packed into one 64-byte line and aligned to it: a decision over
+/// a candidate set reads this line of each of ~64 workers that no recent decision touched
+/// (perf/runs/2026-12-06-decision-anatomy), so one line per worker instead of fields spread
+/// over the `Worker` (URL strings, spec, locks between them) is one memory access fewer.
+#[derive(Debug)]
+#[repr(C, align(64))]
+struct Hot {
     /// Requests sent and not finished (response body ended, failed, or client gone).
     in_flight: AtomicUsize,
     /// Requests ever sent.
@@ -58,42 +80,34 @@ pub struct Worker {
     /// Requests the engine runs or queues that this router did not send (other router
     /// replicas, direct clients), from its last load report; 0 without reports.
     foreign: AtomicUsize,
-    healthy: AtomicBool,
-    draining: AtomicBool,
-    /// Time (ms on the caller's clock) before which the breaker is open; 0 = closed.
-    blocked_until_ms: AtomicU64,
-    breaker: Mutex<Breaker>,
-    health: Mutex<HealthTracker>,
-    models: RwLock<Vec<String>>,
-    /// [`models_key_of`] `models`, read without the lock by [`Worker::serves_key`].
-    models_key: AtomicU64,
-    /// What this router booked on the worker (prefill, active blocks, since-poll credit,
-    /// learned prefill curve).
-    active: ActiveLoad,
-    /// Blocks its engine caches, from KV events; `u64::MAX` = unknown.
-    cached_blocks: AtomicU64,
-    /// Requests other router replicas sent and reported (replica sync, [`crate::sync`]), by
-    /// (origin replica, its request id): the booking's id in `active` and when it was booked
-    /// (this router's clock, ms).
-    peers: Mutex<HashMap<(u64, u64), (u64, f64)>>,
     /// `peers.len()`, read without the lock.
     peer_requests: AtomicUsize,
+    /// Time (ms on the caller's clock) before which the breaker is open; 0 = closed.
+    blocked_until_ms: AtomicU64,
+    /// [`models_key_of`] `models`, read without the lock by [`Worker::serves_key`].
+    models_key: AtomicU64,
+    /// Blocks its engine caches, from KV events; `u64::MAX` = unknown.
+    cached_blocks: AtomicU64,
+    healthy: AtomicBool,
+    draining: AtomicBool,
 }
+
+const _: () = assert!(std::mem::size_of::<Hot>() == 64, "Hot is one cache line");
 
 impl Worker {
     /// Requests in flight now.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
+        self.hot.in_flight.load(Ordering::Relaxed)
     }
 
     /// Requests ever sent.
     pub fn processed(&self) -> u64 {
-        self.processed.load(Ordering::Relaxed)
+        self.hot.processed.load(Ordering::Relaxed)
     }
 
     /// Requests on the engine that this router did not send, from its last load report.
     pub fn foreign(&self) -> usize {
-        self.foreign.load(Ordering::Relaxed)
+        self.hot.foreign.load(Ordering::Relaxed)
     }
 
     /// Checks the invariants of its active load ([`ActiveLoad::check`]) and that every peer
@@ -128,7 +142,7 @@ impl Worker {
     /// Requests other router replicas reported sending here and not yet ending
     /// ([`Worker::book_peer`]).
     pub fn peer_requests(&self) -> usize {
-        self.peer_requests.load(Ordering::Relaxed)
+        self.hot.peer_requests.load(Ordering::Relaxed)
     }
 
     /// Load as policies see it: own in-flight requests + peers' + foreign ones.
@@ -152,7 +166,7 @@ impl Worker {
         let in_flight = self.in_flight() + peers.len();
         let id = self.active.book(booking, now_ms, in_flight);
         peers.insert((origin, req), (id, now_ms));
-        self.peer_requests.store(peers.len(), Ordering::Relaxed);
+        self.hot.peer_requests.store(peers.len(), Ordering::Relaxed);
         true
     }
 
@@ -181,7 +195,7 @@ impl Worker {
             self.active.served(id, prompt, cached);
         }
         self.active.free(id);
-        self.peer_requests.store(peers.len(), Ordering::Relaxed);
+        self.hot.peer_requests.store(peers.len(), Ordering::Relaxed);
         true
     }
 
@@ -210,7 +224,7 @@ impl Worker {
             }
             !ended
         });
-        self.peer_requests.store(peers.len(), Ordering::Relaxed);
+        self.hot.peer_requests.store(peers.len(), Ordering::Relaxed);
         n - peers.len()
     }
 
@@ -230,7 +244,7 @@ impl Worker {
     pub fn report_engine(&self, report: Option<EngineReport>) {
         let known = self.in_flight() + self.peer_requests();
         let foreign = report.map_or(0, |r| r.total().saturating_sub(known));
-        self.foreign.store(foreign, Ordering::Relaxed);
+        self.hot.foreign.store(foreign, Ordering::Relaxed);
         self.active.report(report);
     }
 
@@ -238,8 +252,8 @@ impl Worker {
     /// request is sent upstream (bug-cases.md B1). Books nothing else (no prefill, no
     /// blocks): [`Worker::acquire_booked`] does.
     pub fn acquire(self: &Arc<Self>) -> LoadGuard {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.processed.fetch_add(1, Ordering::Relaxed);
+        self.hot.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.hot.processed.fetch_add(1, Ordering::Relaxed);
         LoadGuard {
             worker: Arc::clone(self),
             booking: None,
@@ -262,8 +276,17 @@ impl Worker {
     /// Records the blocks the worker's engine caches (all tiers and DP ranks), as its KV
     /// events tell: the event writer calls this after applying a batch; `None` = unknown.
     pub fn set_cached_blocks(&self, blocks: Option<u64>) {
-        self.cached_blocks
+        self.hot
+            .cached_blocks
             .store(blocks.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Starts loading the lines [`Worker::load_view`], [`Worker::is_available`] and
+    /// [`Worker::serves_key`] read ([`kvroute_index::prefetch`]): a hint, no effect on any
+    /// value.
+    pub fn prefetch(&self) {
+        kvroute_index::prefetch(&self.hot);
+        self.active.prefetch();
     }
 
     /// What a policy reads of this worker at `now_ms`.
@@ -273,19 +296,19 @@ impl Worker {
             in_flight: self.in_flight() + self.peer_requests(),
             processed: self.processed(),
             active: self.active.view(now_ms),
-            cached_blocks: Some(self.cached_blocks.load(Ordering::Relaxed))
+            cached_blocks: Some(self.hot.cached_blocks.load(Ordering::Relaxed))
                 .filter(|&b| b != u64::MAX),
         }
     }
 
     /// True while active health checks pass (or are off).
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+        self.hot.healthy.load(Ordering::Relaxed)
     }
 
     /// True once [`Workers::drain`] was called: no new requests.
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
+        self.hot.draining.load(Ordering::Relaxed)
     }
 
     /// The breaker's state at `now_ms`.
@@ -298,7 +321,7 @@ impl Worker {
     pub fn is_available(&self, now_ms: u64) -> bool {
         self.is_healthy()
             && !self.is_draining()
-            && now_ms >= self.blocked_until_ms.load(Ordering::Relaxed)
+            && now_ms >= self.hot.blocked_until_ms.load(Ordering::Relaxed)
     }
 
     /// Records how one attempt on this worker ended at `now_ms` (see `health`'s table);
@@ -310,7 +333,7 @@ impl Worker {
             BreakerState::Open => now_ms.saturating_add(b.open_ms()),
             _ => 0,
         };
-        self.blocked_until_ms.store(until, Ordering::Relaxed);
+        self.hot.blocked_until_ms.store(until, Ordering::Relaxed);
         state
     }
 
@@ -323,10 +346,10 @@ impl Worker {
                 let mut b = lock(&self.breaker);
                 *b = Breaker::new(b.config());
                 drop(b);
-                self.blocked_until_ms.store(0, Ordering::Relaxed);
-                self.healthy.store(true, Ordering::Relaxed);
+                self.hot.blocked_until_ms.store(0, Ordering::Relaxed);
+                self.hot.healthy.store(true, Ordering::Relaxed);
             }
-            HealthChange::BecameUnhealthy => self.healthy.store(false, Ordering::Relaxed),
+            HealthChange::BecameUnhealthy => self.hot.healthy.store(false, Ordering::Relaxed),
             HealthChange::Same => {}
         }
         change
@@ -344,7 +367,8 @@ impl Worker {
         if self.spec.models.is_empty()
             && let Ok(mut m) = self.models.write()
         {
-            self.models_key
+            self.hot
+                .models_key
                 .store(models_key_of(&models), Ordering::Relaxed);
             *m = models;
         }
@@ -359,7 +383,7 @@ impl Worker {
         if model.is_empty() {
             return true;
         }
-        match self.models_key.load(Ordering::Relaxed) {
+        match self.hot.models_key.load(Ordering::Relaxed) {
             MODELS_ANY => true,
             MODELS_MANY => self.serves(model),
             k => k == key,
@@ -369,7 +393,7 @@ impl Worker {
     /// True when `model` (whose [`model_key`] is `key`) is in the worker's known list: not
     /// when the list is not known yet, as [`Worker::serves_key`] would be.
     fn lists_key(&self, model: &str, key: u64) -> bool {
-        match self.models_key.load(Ordering::Relaxed) {
+        match self.hot.models_key.load(Ordering::Relaxed) {
             MODELS_ANY => false,
             MODELS_MANY => self
                 .models
@@ -527,7 +551,7 @@ impl Drop for LoadGuard {
         if let Some((id, _, _)) = self.booking {
             self.worker.active.free(id);
         }
-        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.worker.hot.in_flight.fetch_sub(1, Ordering::Relaxed);
         if let Some(o) = self.observer.take() {
             o.observer.done(o.usage.get().copied());
         }
@@ -770,20 +794,22 @@ impl Workers {
             addr,
             spec: spec.clone(),
             api_key,
-            in_flight: AtomicUsize::new(0),
-            processed: AtomicU64::new(0),
-            foreign: AtomicUsize::new(0),
-            healthy: AtomicBool::new(healthy),
-            draining: AtomicBool::new(false),
-            blocked_until_ms: AtomicU64::new(0),
+            hot: Hot {
+                in_flight: AtomicUsize::new(0),
+                processed: AtomicU64::new(0),
+                foreign: AtomicUsize::new(0),
+                peer_requests: AtomicUsize::new(0),
+                blocked_until_ms: AtomicU64::new(0),
+                models_key: AtomicU64::new(models_key_of(&spec.models)),
+                cached_blocks: AtomicU64::new(u64::MAX),
+                healthy: AtomicBool::new(healthy),
+                draining: AtomicBool::new(false),
+            },
             breaker: Mutex::new(Breaker::new(self.settings.breaker)),
             health: Mutex::new(HealthTracker::new(self.settings.health, healthy)),
             models: RwLock::new(spec.models.clone()),
-            models_key: AtomicU64::new(models_key_of(&spec.models)),
             active: ActiveLoad::default(),
-            cached_blocks: AtomicU64::new(u64::MAX),
             peers: Mutex::new(HashMap::new()),
-            peer_requests: AtomicUsize::new(0),
         });
         let mut by_url = (**self.by_url.load()).clone();
         by_url.insert(worker.url.clone(), id);
@@ -799,7 +825,7 @@ impl Workers {
     pub fn drain(&self, id: usize) -> bool {
         match self.get(id) {
             Some(w) => {
-                w.draining.store(true, Ordering::Relaxed);
+                w.hot.draining.store(true, Ordering::Relaxed);
                 true
             }
             None => false,
@@ -812,7 +838,7 @@ impl Workers {
         let _w = lock(&self.write);
         let cur = self.slots.load_full();
         let w = cur.get(id)?.clone()?;
-        w.draining.store(true, Ordering::Relaxed);
+        w.hot.draining.store(true, Ordering::Relaxed);
         let mut next = (*cur).clone();
         next[id] = None;
         let mut by_url = (**self.by_url.load()).clone();
@@ -910,6 +936,13 @@ impl Workers {
             eligible: Vec::with_capacity(ids.len()),
             slots: Arc::clone(&slots),
         };
+        // Every candidate's lines start loading before the first is read: ~64 workers that no
+        // recent decision touched, so their misses overlap instead of queueing one by one.
+        for &id in ids {
+            if let Some(Some(w)) = slots.get(id) {
+                w.prefetch();
+            }
+        }
         for &id in ids {
             let Some(Some(w)) = slots.get(id) else {
                 continue;

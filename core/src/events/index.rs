@@ -359,16 +359,37 @@ pub struct Match {
 #[derive(Clone)]
 pub struct EventReader {
     index: positional::EventIndex,
-    /// Dense id → stream, `worker << 32 | rank`; `u64::MAX` = unassigned.
-    owners: Arc<[AtomicU64]>,
-    /// Dense id → hidden from matches ([`EventIndex::set_hidden`]).
-    hidden: Arc<[AtomicBool]>,
+    /// Dense id → its stream's owner, chain link and visibility ([`Slot`]).
+    slots: Arc<[Slot]>,
     /// Worker → its newest dense id ([`NO_ID`]: none), for workers below the capacity (a
-    /// worker at or past it is found by a scan of `owners`). Dense ids are never reused, so
+    /// worker at or past it is found by a scan of `slots`). Dense ids are never reused, so
     /// these chains only grow.
     heads: Arc<[AtomicU32]>,
-    /// Dense id → the same worker's previous dense id ([`NO_ID`]: none).
-    prev: Arc<[AtomicU32]>,
+}
+
+/// What the read side knows of one dense id, 16 bytes aligned to 16 so that one cache line
+/// holds it whole: a decision maps each candidate worker to its streams
+/// ([`Holders::tokens_among`]) through `heads` and then these, one line each (they were three
+/// arrays, three lines per stream: perf/runs/2026-12-06-decision-anatomy).
+#[derive(Debug)]
+#[repr(C, align(16))]
+struct Slot {
+    /// `worker << 32 | rank`; `u64::MAX` = unassigned.
+    owner: AtomicU64,
+    /// The same worker's previous dense id ([`NO_ID`]: none).
+    prev: AtomicU32,
+    /// Hidden from matches ([`EventIndex::set_hidden`]).
+    hidden: AtomicBool,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Self {
+            owner: AtomicU64::new(u64::MAX),
+            prev: AtomicU32::new(NO_ID),
+            hidden: AtomicBool::new(false),
+        }
+    }
 }
 
 /// No dense id (end of a worker's chain in [`EventReader`]).
@@ -442,10 +463,11 @@ impl EventReader {
     /// The stream of dense id `id`, `None` when hidden or unassigned.
     #[inline]
     fn owner(&self, id: u32) -> Option<StreamId> {
-        if self.hidden.get(id as usize)?.load(Ordering::Acquire) {
+        let slot = self.slots.get(id as usize)?;
+        if slot.hidden.load(Ordering::Acquire) {
             return None;
         }
-        let o = self.owners.get(id as usize)?.load(Ordering::Acquire);
+        let o = slot.owner.load(Ordering::Acquire);
         (o != u64::MAX).then_some(StreamId {
             worker: (o >> 32) as u32,
             rank: o as u32,
@@ -460,12 +482,12 @@ impl EventReader {
                 let mut id = head.load(Ordering::Acquire);
                 while id != NO_ID {
                     f(id);
-                    id = self.prev[id as usize].load(Ordering::Relaxed);
+                    id = self.slots[id as usize].prev.load(Ordering::Relaxed);
                 }
             }
             None => {
-                for (id, o) in self.owners.iter().enumerate() {
-                    let o = o.load(Ordering::Acquire);
+                for (id, slot) in self.slots.iter().enumerate() {
+                    let o = slot.owner.load(Ordering::Acquire);
                     if o != u64::MAX && o >> 32 == u64::from(worker) {
                         f(id as u32);
                     }
@@ -519,6 +541,35 @@ impl Holders<'_> {
         self.reader
             .for_each_visible(worker, |id, _| best = best.max(self.depths.blocks(id)));
         best as usize * self.reader.block_size()
+    }
+
+    /// `(worker, matched tokens)` of each of `workers` that holds some of the query, in the
+    /// order of `workers`: [`Self::tokens`] of each, with every worker's `heads` entry and
+    /// then every stream's slot asked of memory before the first is read (a decision's ~64
+    /// candidates are lines no recent decision touched: their misses overlap instead of
+    /// queueing). Workers past `u32` are skipped.
+    pub fn tokens_among(&self, workers: &[usize]) -> Vec<(u32, usize)> {
+        let r = self.reader;
+        for &w in workers {
+            if let Some(h) = r.heads.get(w) {
+                kvroute_index::prefetch(h);
+            }
+        }
+        for &w in workers {
+            if let Some(h) = r.heads.get(w)
+                && let Some(slot) = r.slots.get(h.load(Ordering::Relaxed) as usize)
+            {
+                kvroute_index::prefetch(slot);
+            }
+        }
+        workers
+            .iter()
+            .filter_map(|&w| {
+                let w = u32::try_from(w).ok()?;
+                let t = self.tokens(w);
+                (t > 0).then_some((w, t))
+            })
+            .collect()
     }
 
     /// `(DP rank, matched tokens)` of each visible stream of `worker`, in no particular
@@ -662,10 +713,8 @@ impl EventIndex {
             block_size,
             reader: EventReader {
                 index,
-                owners: (0..max_streams).map(|_| AtomicU64::new(u64::MAX)).collect(),
-                hidden: (0..max_streams).map(|_| AtomicBool::new(false)).collect(),
+                slots: (0..max_streams).map(|_| Slot::new()).collect(),
                 heads: (0..max_streams).map(|_| AtomicU32::new(NO_ID)).collect(),
-                prev: (0..max_streams).map(|_| AtomicU32::new(NO_ID)).collect(),
             },
             writers,
             streams: HashMap::new(),
@@ -682,13 +731,12 @@ impl EventIndex {
 
     /// Memory of the positional index, bytes: every writer's share
     /// ([`EventWriter::memory_bytes`]: the shared table, slabs, record indexes) plus the
-    /// dense-id maps of the read side (17 B per stream slot). The per-stream counters and the
+    /// dense-id maps of the read side (20 B per stream slot). The per-stream counters and the
     /// few tier and copy entries are not counted.
     pub fn memory_bytes(&self) -> usize {
         self.writers.iter().map(|w| w.memory_bytes()).sum::<usize>()
-            + self.reader.owners.len() * std::mem::size_of::<AtomicU64>()
-            + self.reader.hidden.len() * std::mem::size_of::<AtomicBool>()
-            + (self.reader.heads.len() + self.reader.prev.len()) * std::mem::size_of::<AtomicU32>()
+            + self.reader.slots.len() * std::mem::size_of::<Slot>()
+            + self.reader.heads.len() * std::mem::size_of::<AtomicU32>()
     }
 
     /// Hides `stream` from [`EventReader::find_matches`] (or shows it again); its blocks stay
@@ -698,7 +746,9 @@ impl EventIndex {
     /// the engine stored and evicted since it started). A stream with no dense id is a no-op.
     pub fn set_hidden(&mut self, stream: StreamId, hidden: bool) {
         if let Some(id) = self.streams.get(&stream).and_then(|s| s.id) {
-            self.reader.hidden[id as usize].store(hidden, Ordering::Release);
+            self.reader.slots[id as usize]
+                .hidden
+                .store(hidden, Ordering::Release);
         }
     }
 
@@ -1129,26 +1179,28 @@ impl EventIndex {
     }
 }
 
-/// State of `stream` in `streams`, created on first use with the next dense id (published in
-/// `owners` before any of its blocks) while ids are left, else with none.
+/// State of `stream` in `streams`, created on first use with the next dense id (its owner
+/// published in `slots` before any of its blocks) while ids are left, else with none.
 fn state_of<'a>(
     streams: &'a mut HashMap<StreamId, StreamState>,
     reader: &EventReader,
     next: &mut u32,
     stream: StreamId,
 ) -> &'a mut StreamState {
-    let owners = &reader.owners;
+    let slots = &reader.slots;
     streams.entry(stream).or_insert_with(|| {
-        let id = ((*next as usize) < owners.len()).then(|| {
+        let id = ((*next as usize) < slots.len()).then(|| {
             let id = *next;
             *next += 1;
-            owners[id as usize].store(
+            slots[id as usize].owner.store(
                 u64::from(stream.worker) << 32 | u64::from(stream.rank),
                 Ordering::Release,
             );
             // Linked after its owner is published, so a reader following the chain finds it.
             if let Some(head) = reader.heads.get(stream.worker as usize) {
-                reader.prev[id as usize].store(head.load(Ordering::Relaxed), Ordering::Relaxed);
+                slots[id as usize]
+                    .prev
+                    .store(head.load(Ordering::Relaxed), Ordering::Relaxed);
                 head.store(id, Ordering::Release);
             }
             id
@@ -1157,7 +1209,7 @@ fn state_of<'a>(
             tracing::warn!(
                 worker = stream.worker,
                 rank = stream.rank,
-                capacity = owners.len(),
+                capacity = slots.len(),
                 "KV event stream beyond the index's capacity: not indexed"
             );
         }

@@ -1381,6 +1381,12 @@ fn holders_take_each_worker_once_at_its_deepest_visible_stream() {
     assert_eq!(h.streams(), 7, "hidden streams still hold blocks");
     let tokens: Vec<usize> = [0, 1, 2, 3, 4, 20, 9].map(|w| h.tokens(w)).to_vec();
     assert_eq!(tokens, vec![160, 112, 0, 48, 48, 80, 0]);
+    // The batch answer: the holders among them, in the order asked (20 past the capacity).
+    assert_eq!(
+        h.tokens_among(&[20, 9, 4, 2, 0, 1, 3]),
+        vec![(20, 80), (4, 48), (0, 160), (1, 112), (3, 48)]
+    );
+    assert_eq!(h.tokens_among(&[]), vec![]);
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let deepest = |k: usize, rng: &mut rand::rngs::StdRng| {
         let mut out = vec![(99, 1)];

@@ -396,6 +396,12 @@ impl ActiveLoad {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Starts loading the published words [`ActiveLoad::view`] reads (three lines,
+    /// [`kvroute_index::prefetch`]): a hint, no effect on any value.
+    pub fn prefetch(&self) {
+        kvroute_index::prefetch(&self.published);
+    }
+
     /// Books a request dispatched at `now_ms` (step 1 of the module doc) on a worker with
     /// `in_flight` requests before it (its [`decode_load`] is taken then, under the same
     /// lock). Returns the booking's id for [`ActiveLoad::first_token`] and

@@ -13,7 +13,7 @@
 //!          lower confidence bound (explore · σ below it), so unmeasured workers get tried
 //! α      = for a continuation (the worker holding most of the prompt holds more than
 //!          affinity_threshold of it beyond the head that requests live there share:
-//!          Context::of), miss_prefill_weight + (prefill_weight − miss_prefill_weight) × busy,
+//!          Context::among), miss_prefill_weight + (prefill_weight − miss_prefill_weight) × busy,
 //!          busy the share of eligible workers with a prefill booked and not yet past its
 //!          first token; miss_prefill_weight for a miss
 //! τ      = tail_ms (0: no tail term)
@@ -124,7 +124,7 @@ pub fn decode_load(w: &WorkerLoad) -> f64 {
 pub struct Context {
     /// The eligible worker holding the most of the prompt holds more than
     /// `affinity_threshold` of it beyond the head that two requests live there share
-    /// ([`Context::of`]).
+    /// ([`Context::among`]).
     pub continuation: bool,
     /// `(1 + decode_margin) ×` the eligible workers' mean unique active blocks.
     pub decode_floor: f64,
@@ -134,7 +134,14 @@ pub struct Context {
 }
 
 impl Context {
-    /// The context of `req` over `snap`'s eligible workers (one pass over them).
+    /// [`Context::among`] all of `snap`'s eligible workers (tests).
+    #[cfg(test)]
+    pub fn of(p: &TtftParams, snap: &Snapshot<'_>, req: &Request<'_>, ov: &Overlaps) -> Self {
+        Self::among(p, snap, req, ov, &snap.eligible_positions())
+    }
+
+    /// The context of `req` over `snap`'s eligible workers `eligible`, `(worker, position)` as
+    /// [`Snapshot::eligible_positions`] gives them (one pass over them).
     ///
     /// The eligible worker `w` holding the most of the prompt, `o_w` tokens (the first of
     /// equals), makes `req` a continuation when `o_w − s_w > threshold × (prompt − s_w)`,
@@ -146,15 +153,23 @@ impl Context {
     /// later turn whose own history follows that prompt stays. `s_w` is asked of that one
     /// worker only, and only when `o_w > threshold × prompt` (else no `s_w` can qualify it):
     /// one lock per decision at most.
-    pub fn of(p: &TtftParams, snap: &Snapshot<'_>, req: &Request<'_>, ov: &Overlaps) -> Self {
+    fn among(
+        p: &TtftParams,
+        snap: &Snapshot<'_>,
+        req: &Request<'_>,
+        ov: &Overlaps,
+        eligible: &[(usize, usize)],
+    ) -> Self {
         let prompt = req.prompt_tokens as f64;
         let (mut deepest, mut held, mut blocks, mut busy) = (0, 0u64, 0u64, 0usize);
-        for &w in snap.eligible {
-            if ov.tokens(w) > held {
-                (deepest, held) = (w, ov.tokens(w));
+        for &(w, at) in eligible {
+            let t = ov.tokens_at(at, w);
+            if t > held {
+                (deepest, held) = (w, t);
             }
-            blocks += snap.load(w).active.decode_blocks;
-            busy += usize::from(snap.load(w).active.prefill_requests > 0);
+            let a = &snap.load_at(at).active;
+            blocks += a.decode_blocks;
+            busy += usize::from(a.prefill_requests > 0);
         }
         let continuation = held as f64 > p.affinity_threshold * prompt && {
             let shared = snap.live.map_or(0, |l| {
@@ -163,7 +178,7 @@ impl Context {
             let shared = shared.min(held);
             (held - shared) as f64 > p.affinity_threshold * (prompt - shared as f64)
         };
-        let n = snap.eligible.len().max(1) as f64;
+        let n = eligible.len().max(1) as f64;
         Self {
             continuation,
             decode_floor: if continuation {
@@ -211,9 +226,8 @@ impl Terms {
     }
 }
 
-/// The [`Terms`] of worker `w`. `last`: the [`Shape`] of the previous worker scored in this
-/// decision (reused when this worker would compute as many new tokens in chunks of the same
-/// size; `Cell::new(None)` for a worker alone).
+/// [`terms_at`] of worker `w`, its position searched for (tests).
+#[cfg(test)]
 pub fn terms(
     p: &TtftParams,
     ctx: &Context,
@@ -223,9 +237,32 @@ pub fn terms(
     w: usize,
     last: &Cell<Option<(usize, Shape)>>,
 ) -> Terms {
-    let wl = snap.load(w);
+    let at = if snap.ids.is_empty() {
+        w
+    } else {
+        snap.ids
+            .binary_search(&w)
+            .expect("a worker of the snapshot")
+    };
+    terms_at(p, ctx, snap, req, ov, (w, at), last)
+}
+
+/// The [`Terms`] of worker `w` at `at`, its position in `snap`
+/// ([`Snapshot::eligible_positions`]). `last`: the [`Shape`] of the previous worker scored in
+/// this decision (reused when this worker would compute as many new tokens in chunks of the
+/// same size; `Cell::new(None)` for a worker alone).
+fn terms_at(
+    p: &TtftParams,
+    ctx: &Context,
+    snap: &Snapshot<'_>,
+    req: &Request<'_>,
+    ov: &Overlaps,
+    (w, at): (usize, usize),
+    last: &Cell<Option<(usize, Shape)>>,
+) -> Terms {
+    let wl = snap.load_at(at);
     let a = &wl.active;
-    let cached = ov.tokens(w).min(req.prompt_tokens.saturating_sub(1));
+    let cached = ov.tokens_at(at, w).min(req.prompt_tokens.saturating_sub(1));
     let new = req.prompt_tokens - cached;
     let shape = match last.get() {
         Some((step, s)) if s.tokens == new && step == a.step_tokens => s,
@@ -288,9 +325,10 @@ pub fn decide(
     ov: &Overlaps,
     rng: &mut impl Rng,
 ) -> Decision {
-    let ctx = Context::of(p, snap, req, ov);
+    let eligible = snap.eligible_positions();
+    let ctx = Context::among(p, snap, req, ov, &eligible);
     let last = Cell::new(None);
-    let cost = |w: usize| terms(p, &ctx, snap, req, ov, w, &last).cost(p, &ctx);
-    let worker = pick_min(snap.eligible.iter().copied(), cost, rng).unwrap_or(snap.eligible[0]);
+    let cost = |i: usize| terms_at(p, &ctx, snap, req, ov, eligible[i], &last).cost(p, &ctx);
+    let worker = pick_min(0..eligible.len(), cost, rng).map_or(snap.eligible[0], |i| eligible[i].0);
     Decision::by_cost(worker, ov)
 }

@@ -198,7 +198,8 @@ impl Overlaps {
     /// [`Overlaps::from_index`] laid out over the workers `ids` only (ascending: a
     /// snapshot's candidate set, [`super::Snapshot::ids`]); the other workers of `found` are
     /// dropped. `found` must be sorted by worker, one entry per worker (as
-    /// [`super::Router`]'s answers are): O(|ids| · log |found|).
+    /// [`super::Router`]'s answers are): one merge of the two ascending lists, O(|ids| +
+    /// |found|).
     pub fn from_index_among(
         source: Source,
         unit: Unit,
@@ -214,12 +215,15 @@ impl Overlaps {
             found.windows(2).all(|p| p[0].0 < p[1].0),
             "sorted, one per worker"
         );
+        let mut at = 0;
         for (i, &w) in ids.iter().enumerate() {
-            let Ok(w) = TenantId::try_from(w) else {
-                continue;
-            };
-            if let Ok(at) = found.binary_search_by_key(&w, |e| e.0) {
-                o.matched[i] = found[at].1.min(o.len);
+            while at < found.len() && (found[at].0 as usize) < w {
+                at += 1;
+            }
+            match found.get(at) {
+                Some(&(f, m)) if f as usize == w => o.matched[i] = m.min(o.len),
+                Some(_) => {}
+                None => break,
             }
         }
         o
@@ -231,6 +235,24 @@ impl Overlaps {
             return self.matched.get(w).copied().unwrap_or(0);
         }
         self.ids.binary_search(&w).map_or(0, |i| self.matched[i])
+    }
+
+    /// [`Overlaps::of`] for worker `w` at `position` of a snapshot laid out as these
+    /// overlaps are ([`super::Snapshot::eligible_positions`]): `matched[position]` when
+    /// `ids[position]` is `w` (or `matched[w]` when by worker id), else the search of `of`.
+    pub fn of_at(&self, position: usize, w: usize) -> usize {
+        if self.ids.is_empty() {
+            return self.matched.get(w).copied().unwrap_or(0);
+        }
+        match self.ids.get(position) {
+            Some(&at) if at == w => self.matched[position],
+            _ => self.of(w),
+        }
+    }
+
+    /// [`Overlaps::tokens`] of worker `w` at `position` ([`Overlaps::of_at`]).
+    pub fn tokens_at(&self, position: usize, w: usize) -> u64 {
+        (self.of_at(position, w) as f64 * self.tokens_per_unit) as u64
     }
 
     /// Matched share of the request for worker `w`, 0–1.
@@ -376,5 +398,30 @@ mod tests {
         );
         let c = Overlaps::from_index(Source::StringTree, Unit::Chars, &[(0, 400)], 1, 800, 0.25);
         assert_eq!(c.tokens(0), 100);
+    }
+
+    /// Laid out over candidates 2, 5, 9, 12: holders that are not candidates (1, 7, 20) are
+    /// dropped, a match past the request's length is cut to it; a read at a position that
+    /// does not name the worker falls back to the search.
+    #[test]
+    fn overlaps_lay_out_over_candidates() {
+        let found = [(1, 8), (2, 16), (7, 4), (9, 80), (12, 32), (20, 48)];
+        let o = Overlaps::from_index_among(
+            Source::Events,
+            Unit::Tokens,
+            &found,
+            &[2, 5, 9, 12],
+            64,
+            1.0,
+        );
+        assert_eq!(
+            (o.ids.as_slice(), o.matched.as_slice()),
+            (&[2, 5, 9, 12][..], &[16, 0, 64, 32][..])
+        );
+        assert_eq!([o.of_at(0, 2), o.of_at(2, 9), o.of_at(3, 12)], [16, 64, 32]);
+        assert_eq!([o.of_at(0, 9), o.of_at(7, 12), o.of_at(1, 1)], [64, 32, 0]);
+        assert_eq!(o.tokens_at(2, 9), 64);
+        let by_id = Overlaps::from_index(Source::Events, Unit::Tokens, &found, 13, 64, 1.0);
+        assert_eq!((by_id.of_at(0, 9), by_id.of_at(9, 9)), (64, 64));
     }
 }

@@ -505,6 +505,103 @@ fn snap_of<'a>(workers: &'a [WorkerLoad], eligible: &'a [usize]) -> Snapshot<'a>
     }
 }
 
+/// [`Snapshot::eligible_positions`], worked example: over candidates 3, 8, 11, 40 the
+/// eligible 8 and 40 sit at positions 1 and 3; by worker id a worker is its own position; an
+/// eligible id that is no candidate (5: not a valid snapshot) is left out.
+#[test]
+fn eligible_positions_name_each_eligible_workers_load() {
+    let workers = WorkerLoad::of_requests(&[0, 1, 2, 3]);
+    let cand = Snapshot {
+        ids: &[3, 8, 11, 40],
+        ..snap_of(&workers, &[8, 40])
+    };
+    assert_eq!(cand.eligible_positions(), vec![(8, 1), (40, 3)]);
+    assert_eq!(cand.load_at(3).requests, 3);
+    assert_eq!(
+        snap_of(&workers, &[0, 2]).eligible_positions(),
+        vec![(0, 0), (2, 2)]
+    );
+    let odd = Snapshot {
+        ids: &[3, 8, 11, 40],
+        ..snap_of(&workers, &[5, 11])
+    };
+    assert_eq!(odd.eligible_positions(), vec![(11, 2)]);
+}
+
+/// predicted_ttft reads a worker alike whether the snapshot and the overlaps are laid out
+/// by worker id (a small fleet) or over a candidate set (a large one, read by position):
+/// equal context, equal terms for every eligible worker, the same pick, over 300 random
+/// fleets (loads, candidates, eligibility and overlaps drawn from a seeded generator).
+#[test]
+fn predicted_ttft_reads_candidates_as_the_whole_fleet() {
+    use rand::Rng;
+    let key = RouteKey::default();
+    let req = request_of(&key, 4_096);
+    let p = TtftParams::of(&Config::default().knobs);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+    let mut compared = 0;
+    for _ in 0..300 {
+        let n = rng.random_range(1..48usize);
+        let loads: Vec<WorkerLoad> = (0..n)
+            .map(|_| {
+                let r = rng.random_range(0..6usize);
+                let mut l = WorkerLoad::of_requests(&[r])[0];
+                l.active.prefill_requests = rng.random_range(0..=r);
+                l.active.prefill_wait_ms = rng.random_range(0.0..500.0);
+                l.active.decode_blocks = rng.random_range(0..2_000);
+                l
+            })
+            .collect();
+        let ids: Vec<usize> = (0..n).filter(|_| rng.random_bool(0.5)).collect();
+        let eligible: Vec<usize> = ids
+            .iter()
+            .copied()
+            .filter(|_| rng.random_bool(0.8))
+            .collect();
+        if eligible.is_empty() {
+            continue;
+        }
+        let found: Vec<(TenantId, usize)> = (0..n)
+            .filter_map(|w| {
+                let held = rng.random_range(1..=4_096);
+                rng.random_bool(0.4).then_some((w as TenantId, held))
+            })
+            .collect();
+        let lay = |among: Option<&[usize]>| {
+            let (s, u) = (prefix::Source::Events, prefix::Unit::Tokens);
+            match among {
+                Some(ids) => prefix::Overlaps::from_index_among(s, u, &found, ids, 4_096, 1.0),
+                None => prefix::Overlaps::from_index(s, u, &found, n, 4_096, 1.0),
+            }
+        };
+        let (ov_all, ov_cand) = (lay(None), lay(Some(&ids)));
+        let cand_loads: Vec<WorkerLoad> = ids.iter().map(|&w| loads[w]).collect();
+        let all = snap_of(&loads, &eligible);
+        let cand = Snapshot {
+            ids: &ids,
+            ..snap_of(&cand_loads, &eligible)
+        };
+        let ctx = predicted_ttft::Context::of(&p, &all, &req, &ov_all);
+        assert_eq!(ctx, predicted_ttft::Context::of(&p, &cand, &req, &ov_cand));
+        let none = || std::cell::Cell::new(None);
+        for &w in &eligible {
+            assert_eq!(
+                predicted_ttft::terms(&p, &ctx, &all, &req, &ov_all, w, &none()),
+                predicted_ttft::terms(&p, &ctx, &cand, &req, &ov_cand, w, &none()),
+                "worker {w}"
+            );
+        }
+        let seed = rng.random::<u64>();
+        let pick = |snap: &Snapshot<'_>, ov: &prefix::Overlaps| {
+            let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+            predicted_ttft::decide(&p, snap, &req, ov, &mut r).worker
+        };
+        assert_eq!(pick(&all, &ov_all), pick(&cand, &ov_cand));
+        compared += 1;
+    }
+    assert!(compared > 250, "{compared} fleets compared");
+}
+
 /// The policy seam: `decide` writes nothing, so deciding twice, or deciding and not
 /// recording (a failed attempt), leaves the indexes as they were; only `record` inserts.
 #[test]
