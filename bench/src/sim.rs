@@ -446,6 +446,11 @@ fn reads_key(kind: PolicyKind) -> bool {
 /// snapshot of every engine (all `eligible`: the simulator has no faults), then the record,
 /// since the request is committed to its engine at once. `seq` counts the replica's
 /// requests; `now_ms` is virtual time.
+///
+/// A fleet of more than `full_scan_workers` engines is decided as the gateway decides it
+/// ([`Router::decide_on`]: a candidate set for the policies that score one), on the
+/// registry's snapshot at `now_ms` truncated to whole ms (the gateway's clock); a smaller one
+/// on a snapshot at the exact virtual time, as before the candidate path existed.
 fn route(
     router: &Router,
     workers: &Workers,
@@ -455,6 +460,16 @@ fn route(
     key: &RouteKey,
     rng: &mut StdRng,
 ) -> (Decision, Booking) {
+    let req = router.request(key);
+    if workers.slots() > router.full_scan_workers() {
+        let now = now_ms as u64;
+        let (view, d) = router
+            .decide_on(workers, &[], seq, now, &req, rng)
+            .expect("every simulated engine is eligible");
+        let booking = router.booking_request(&view.snapshot(seq, now), &req, &d);
+        router.record(key, &d, now);
+        return (d, booking);
+    }
     let loads: Vec<WorkerLoad> = workers.iter().iter().map(|w| w.load_view(now_ms)).collect();
     let snap = Snapshot {
         workers: &loads,
@@ -464,7 +479,6 @@ fn route(
         now_ms: now_ms as u64,
         live: Some(workers),
     };
-    let req = router.request(key);
     let d = router.decide_request(&snap, &req, rng);
     let booking = router.booking_request(&snap, &req, &d);
     router.record(key, &d, now_ms as u64);
@@ -1124,6 +1138,35 @@ mod tests {
             text.replay.hit_rate
         );
         assert!(text.hit_tokens.unannounced > 10 * events.hit_tokens.unannounced.max(1));
+    }
+
+    /// Over `full_scan_workers` engines the simulator decides as the gateway does, on a
+    /// candidate set ([`Router::decide_on`]): with candidates that cover the fleet (16 holders
+    /// and 64 draws among 16 engines) it keeps the whole-fleet hit rate within a point; with
+    /// one holder and two draws the decisions differ (requests land elsewhere), and every
+    /// request still finishes once.
+    #[test]
+    fn a_fleet_over_the_full_scan_size_decides_on_candidates() {
+        let records = workload(20);
+        let run = |full_scan: usize, holders: usize, sample: usize| {
+            let mut cfg = config(EVENTS_RUN, 16, 4_096);
+            cfg.router.knobs.full_scan_workers = full_scan;
+            cfg.router.knobs.candidate_holders = holders;
+            cfg.router.knobs.candidate_sample = sample;
+            simulate(&records, &prompts(), &cfg).unwrap()
+        };
+        let whole = run(kvroute_core::config::defaults::FULL_SCAN_WORKERS, 32, 32);
+        let (covering, tiny) = (run(4, 16, 64), run(4, 1, 2));
+        assert!(
+            (covering.replay.hit_rate - whole.replay.hit_rate).abs() < 0.01,
+            "covering {} against whole {}",
+            covering.replay.hit_rate,
+            whole.replay.hit_rate
+        );
+        assert_ne!(tiny.replay.per_worker, whole.replay.per_worker);
+        for r in [&whole, &covering, &tiny] {
+            assert_eq!((r.replay.ok, r.replay.errors), (records.len() as u64, 0));
+        }
     }
 
     /// Replica sync (issue 16): two replicas that send each other what they routed keep the

@@ -183,14 +183,19 @@ pub const CHARS_PER_TOKEN: f64 = 4.0;
 /// perf/runs/2026-12-02-fleet-2), so 256 workers cost ~13 µs, under the 8k-token decision's
 /// own ~17 µs; past it the worker scan would dominate the decision.
 pub const FULL_SCAN_WORKERS: usize = 256;
-/// Deepest prefix holders a candidate set takes from each index answer: 32, twice
-/// `kvroute bench fleet`'s 16 workers per shared document, so every holder of a document
-/// replicated that widely is scored. kvroute's choice.
-pub const CANDIDATE_HOLDERS: usize = 32;
-/// Workers a candidate set draws at random (power of d choices, d = 32: the least loaded
-/// draw is in the lightest ~3 % of the fleet in expectation; `policy::candidates`).
-/// kvroute's choice.
-pub const CANDIDATE_SAMPLE: usize = 32;
+/// Deepest prefix holders a candidate set takes from each index answer: 16, `kvroute bench
+/// fleet`'s workers per shared document, so every holder of a document replicated that
+/// widely is scored. Measured: `kvroute simulate` on the Mooncake trace with 64 engines
+/// forced onto candidate sets (`--knob full_scan_workers=8`), time scales 64 and 128, keeps
+/// the whole fleet's hit rate and TTFT p99 for every holders × sample in {8, 16, 32}²
+/// (35.6–35.8 % vs 35.6 %, 1,668–1,759 vs 1,759 ms at ×64; 32.4–33.0 % vs 32.7 %, 6.5–7.6 vs
+/// 7.1 s at ×128), and the decision's cost grows with the set
+/// (perf/runs/2026-12-06-candidate-size).
+pub const CANDIDATE_HOLDERS: usize = 16;
+/// Workers a candidate set draws at random (power of d choices, d = 16: the least loaded
+/// draw is in the lightest ~6 % of the fleet in expectation; `policy::candidates`).
+/// Measured with [`CANDIDATE_HOLDERS`].
+pub const CANDIDATE_SAMPLE: usize = 16;
 /// Per-model string tree budget, chars, counted once per tenant holding a node. Source: SMG
 /// `--max-tree-size` 67,108,864.
 pub const MAX_TREE_SIZE_CHARS: usize = 67_108_864;

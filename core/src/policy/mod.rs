@@ -862,6 +862,12 @@ impl Router {
         }
     }
 
+    /// Fleets of up to this many worker slots are scored whole by [`Router::decide_on`]
+    /// (`full_scan_workers`, [`crate::config::defaults::FULL_SCAN_WORKERS`]).
+    pub fn full_scan_workers(&self) -> usize {
+        self.params.full_scan
+    }
+
     /// Decides for `req` on the registry `fleet`: a snapshot of the workers that may take it
     /// (serving `req.key.model`, available, not in `vetoed`: [`Workers::snapshot`]), then the
     /// policy. Returns the view decided on, whose loads [`Router::booking_request`] reads
