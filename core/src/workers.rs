@@ -67,9 +67,10 @@ pub struct Worker {
 
 /// The words of a [`Worker`] that a decision reads (with its published active load,
 /// [`ActiveLoad::prefetch`]), packed into one 64-byte line and aligned to it: a decision over
-/// a candidate set reads this line of each of ~64 workers that no recent decision touched
-/// (perf/runs/2026-12-06-decision-anatomy), so one line per worker instead of fields spread
-/// over the `Worker` (URL strings, spec, locks between them) is one memory access fewer.
+/// a candidate set reads this line of each of its ~32 candidates, workers no recent decision
+/// touched, so one line per worker instead of fields spread over the `Worker` (URL strings,
+/// spec, locks between them); with the prefetch, ~4 % of the decide stage
+/// (perf/runs/2026-12-06-candidate-reads).
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct Hot {
@@ -936,7 +937,7 @@ impl Workers {
             eligible: Vec::with_capacity(ids.len()),
             slots: Arc::clone(&slots),
         };
-        // Every candidate's lines start loading before the first is read: ~64 workers that no
+        // Every candidate's lines start loading before the first is read: ~32 workers that no
         // recent decision touched, so their misses overlap instead of queueing one by one.
         for &id in ids {
             if let Some(Some(w)) = slots.get(id) {

@@ -178,11 +178,15 @@ pub const TTFT_EXPLORE: f64 = 0.1;
 pub const CHARS_PER_TOKEN: f64 = 4.0;
 /// Worker slots up to which a decision snapshots and scores every worker. Above it kvroute's
 /// own load and cost policies score a candidate set ([`CANDIDATE_HOLDERS`] +
-/// [`CANDIDATE_SAMPLE`]), so a decision costs O(candidates). 256: a whole decision visits
-/// ~50 ns per worker (snapshot ~34 ns, policy ~16 ns, `kvroute bench fleet` at 4,096 workers,
-/// perf/runs/2026-12-02-fleet-2), so 256 workers cost ~13 µs, under the 8k-token decision's
-/// own ~17 µs; past it the worker scan would dominate the decision.
-pub const FULL_SCAN_WORKERS: usize = 256;
+/// [`CANDIDATE_SAMPLE`]), so a decision costs O(candidates). 128: a whole decision visits
+/// ~50–70 ns per worker (snapshot and policy, perf/runs/2026-12-02-fleet-2), while the
+/// candidate path costs ~6–10 µs whatever the fleet (the event index's query and ~32
+/// candidates), so they cross near 128 workers. Measured at 256 workers (`kvroute bench
+/// fleet`, 6 interleaved rounds, perf/runs/2026-12-06-full-scan): candidates instead of the
+/// whole fleet take the decide stage from 17.0 to 6.2 µs p50 at 8k tokens and from 22.1 to
+/// 10.1 at 32k; on the simulator, candidate sets keep a 64-engine fleet's hit rate and TTFT
+/// (perf/runs/2026-12-06-candidate-size).
+pub const FULL_SCAN_WORKERS: usize = 128;
 /// Deepest prefix holders a candidate set takes from each index answer: 16, `kvroute bench
 /// fleet`'s workers per shared document, so every holder of a document replicated that
 /// widely is scored. Measured: `kvroute simulate` on the Mooncake trace with 64 engines

@@ -545,7 +545,7 @@ impl Holders<'_> {
 
     /// `(worker, matched tokens)` of each of `workers` that holds some of the query, in the
     /// order of `workers`: [`Self::tokens`] of each, with every worker's `heads` entry and
-    /// then every stream's slot asked of memory before the first is read (a decision's ~64
+    /// then every stream's slot asked of memory before the first is read (a decision's ~32
     /// candidates are lines no recent decision touched: their misses overlap instead of
     /// queueing). Workers past `u32` are skipped.
     pub fn tokens_among(&self, workers: &[usize]) -> Vec<(u32, usize)> {

@@ -233,9 +233,10 @@ pub trait LivePaths: std::fmt::Debug + Sync {
 impl<'a> Snapshot<'a> {
     /// `(worker id, position)` of each eligible worker, in `eligible` order: its load is
     /// `workers[position]` ([`Snapshot::load_at`]), and so is its entry in overlaps laid out
-    /// over the same candidates ([`Overlaps::of_at`]). A merge of the two ascending lists, O(|ids|),
-    /// for a policy that reads every eligible worker several times: a binary search per read
-    /// ([`Snapshot::load`]) was most of `predicted_ttft`'s time on a 64-worker candidate set.
+    /// over the same candidates ([`Overlaps::of_at`]). A merge of the two ascending lists,
+    /// O(|ids|), for a policy that reads every eligible worker several times: a binary
+    /// search per read ([`Snapshot::load`]) was ~3 µs of a 64-candidate decision
+    /// (perf/runs/2026-12-06-candidate-reads).
     pub fn eligible_positions(&self) -> Vec<(usize, usize)> {
         if self.ids.is_empty() {
             return self.eligible.iter().map(|&w| (w, w)).collect();

@@ -1498,11 +1498,11 @@ fn large_event_fleet(system_tokens: u32) -> crate::events::EventIndex {
     ev
 }
 
-/// On the event index over 1,024 workers that all hold a fleet-wide system prompt (the first
-/// 4 blocks of every prompt), predicted_ttft sends each conversation to the one worker
+/// On the event index over [`LARGE`] workers that all hold a fleet-wide system prompt (the
+/// first 4 blocks of every prompt), predicted_ttft sends each conversation to the one worker
 /// holding the whole of it, with its whole overlap: that worker is a candidate through the
-/// event index's grouped answer (the sample alone would find it 32 times in 1,024), and a
-/// vetoed holder is never chosen.
+/// event index's grouped answer (the sample alone would draw it in about one decision of
+/// [`LARGE`] / `candidate_sample`), and a vetoed holder is never chosen.
 #[test]
 fn a_large_fleet_on_events_finds_the_one_deep_holder_among_all_sharing_a_prefix() {
     let ev = large_event_fleet(64);
@@ -1582,7 +1582,7 @@ fn a_large_fleet_on_events_falls_back_to_the_tree_when_the_deep_holder_is_vetoed
     }
 }
 
-/// least_request on candidates (power of d choices) over 1,024 workers, 3 requests per
+/// least_request on candidates (power of d choices) over [`LARGE`] workers, 3 requests per
 /// worker held: no worker ends above mean + 1, against the whole fleet's exact mean.
 #[test]
 fn a_large_fleet_least_request_on_candidates_stays_within_one_of_the_mean() {
@@ -1603,13 +1603,14 @@ fn a_large_fleet_least_request_on_candidates_stays_within_one_of_the_mean() {
     assert_eq!(loads.iter().sum::<usize>(), 3 * n);
 }
 
-/// A model only 3 of 1,024 workers serve: the candidate draw finds too few of them, and the
-/// decision falls back to the whole fleet, so it still reaches one of the 3.
+/// A model only 3 of [`LARGE`] workers serve: the candidate draw finds too few of them, and
+/// the decision falls back to the whole fleet, so it still reaches one of the 3.
 #[test]
 fn a_large_fleet_falls_back_to_the_whole_when_few_candidates_serve() {
     let (r, workers, mut rng) = large_fleet(PolicyKind::PredictedTtft, 9);
+    let serving = [10, LARGE / 2, LARGE - 24];
     for w in workers.iter() {
-        let serves = if [10, 500, 1000].contains(&w.id) {
+        let serves = if serving.contains(&w.id) {
             "m"
         } else {
             "other"
@@ -1621,24 +1622,24 @@ fn a_large_fleet_falls_back_to_the_whole_when_few_candidates_serve() {
         let (view, d) = r
             .decide_on(&workers, &[], i, 0, &r.request(&key), &mut rng)
             .unwrap();
-        assert!([10, 500, 1000].contains(&d.worker), "{}", d.worker);
-        assert_eq!(view.eligible, vec![10, 500, 1000]);
+        assert!(serving.contains(&d.worker), "{}", d.worker);
+        assert_eq!(view.eligible, serving);
     }
     let (_, d) = r
         .decide_on(
             &workers,
-            &[10, 500],
+            &serving[..2],
             0,
             0,
             &r.request(&text_key("x")),
             &mut rng,
         )
         .unwrap();
-    assert_eq!(d.worker, 1000);
+    assert_eq!(d.worker, serving[2]);
     assert!(
         r.decide_on(
             &workers,
-            &[10, 500, 1000],
+            &serving,
             0,
             0,
             &r.request(&text_key("x")),
