@@ -33,7 +33,10 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 
 use kvroute_core::config::{Config, PolicyKind};
-use kvroute_core::events::{Consumer, EventBatch, EventIndex, Input, StreamId, Tier};
+use kvroute_core::events::index::DEFAULT_STREAMS;
+use kvroute_core::events::{
+    Consumer, EventBatch, EventIndex, EventIndexSettings, Input, StreamId, Tier,
+};
 use kvroute_core::load::EngineReport;
 use kvroute_core::load::active::Booking;
 use kvroute_core::metrics::HitTokens;
@@ -554,7 +557,7 @@ pub fn simulate(
         })
         .collect::<Result<Vec<_>, SimError>>()?;
     let on_events = cfg.router.policy.records() && cfg.routing == Routing::Events;
-    let mut index = EventIndex::new(cfg.router.block_size);
+    let mut index = event_index(cfg);
     let mut consumer = Consumer::new();
     let urls: Vec<String> = (0..cfg.engines)
         .map(|i| format!("http://sim-{i}:80"))
@@ -941,6 +944,18 @@ pub(crate) fn engine_of(s: &RequestSample) -> Option<usize> {
 }
 
 /// The event index against each engine's cached blocks.
+/// The router's event index of a run: one stream per engine (a simulated engine has one DP
+/// rank), sized to the fleet as the gateway sizes its own (one of the default 64 streams
+/// would leave every engine past the 64th unindexed); no pruning.
+fn event_index(cfg: &SimConfig) -> EventIndex {
+    EventIndex::with_settings(&EventIndexSettings {
+        block_size: cfg.router.block_size,
+        max_streams: cfg.engines.max(DEFAULT_STREAMS),
+        ttl_ms: None,
+        max_entries: None,
+    })
+}
+
 fn drift(index: &EventIndex, slots: &[Slot]) -> IndexDrift {
     let mut d = IndexDrift::default();
     for (w, slot) in slots.iter().enumerate() {
@@ -1138,6 +1153,38 @@ mod tests {
             text.replay.hit_rate
         );
         assert!(text.hit_tokens.unannounced > 10 * events.hit_tokens.unannounced.max(1));
+    }
+
+    /// A fleet past the event index's default 64 streams: the simulator's index has a
+    /// stream for every engine, so the router sees the blocks of all 96 engines storing the
+    /// same prompt (an index of the default size counted the last 32 without indexing them).
+    #[test]
+    fn the_event_index_has_a_stream_for_every_engine() {
+        use kvroute_core::events::{BlockStored, KvEvent};
+        let mut index = event_index(&config(EVENTS_RUN, 96, 4_096));
+        let tokens: Vec<u32> = (0..32).collect();
+        let stored = BlockStored {
+            block_hashes: vec![1, 2],
+            parent_block_hash: None,
+            token_ids: tokens.clone(),
+            block_size: 16,
+            ..BlockStored::default()
+        };
+        let batch = EventBatch {
+            ts: 0.0,
+            events: vec![KvEvent::Stored(stored)],
+            dp_rank: None,
+            skipped_events: 0,
+        };
+        for worker in 0..96 {
+            index.apply_batch(StreamId { worker, rank: 0 }, &batch);
+        }
+        let r = index.reader();
+        assert_eq!(r.streams_of(95), 1);
+        let keys = r.block_keys(0, &tokens);
+        let held = r.worker_tokens(&keys);
+        assert_eq!(held.len(), 96);
+        assert!(held.contains(&(95, 32)));
     }
 
     /// Over `full_scan_workers` engines the simulator decides as the gateway does, on a
