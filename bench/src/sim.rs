@@ -943,7 +943,6 @@ pub(crate) fn engine_of(s: &RequestSample) -> Option<usize> {
         .and_then(|w| w.parse::<usize>().ok())
 }
 
-/// The event index against each engine's cached blocks.
 /// The router's event index of a run: one stream per engine (a simulated engine has one DP
 /// rank), sized to the fleet as the gateway sizes its own (one of the default 64 streams
 /// would leave every engine past the 64th unindexed); no pruning.
@@ -956,6 +955,7 @@ fn event_index(cfg: &SimConfig) -> EventIndex {
     })
 }
 
+/// The event index against each engine's cached blocks.
 fn drift(index: &EventIndex, slots: &[Slot]) -> IndexDrift {
     let mut d = IndexDrift::default();
     for (w, slot) in slots.iter().enumerate() {
