@@ -233,25 +233,22 @@ pub trait LivePaths: std::fmt::Debug + Sync {
 impl<'a> Snapshot<'a> {
     /// `(worker id, position)` of each eligible worker, in `eligible` order: its load is
     /// `workers[position]` ([`Snapshot::load_at`]), and so is its entry in overlaps laid out
-    /// over the same candidates ([`Overlaps::of_at`]). A merge of the two ascending lists,
-    /// O(|ids|), for a policy that reads every eligible worker several times: a binary
-    /// search per read ([`Snapshot::load`]) was ~3 µs of a 64-candidate decision
-    /// (perf/runs/2026-12-06-candidate-reads).
-    pub fn eligible_positions(&self) -> Vec<(usize, usize)> {
-        if self.ids.is_empty() {
-            return self.eligible.iter().map(|&w| (w, w)).collect();
-        }
-        let mut out = Vec::with_capacity(self.eligible.len());
+    /// over the same candidates ([`Overlaps::of_at`]). A lazy merge of the two ascending
+    /// lists (O(|ids|), no allocation), for a policy that reads every eligible worker several
+    /// times: a binary search per read ([`Snapshot::load`]) was ~3 µs of a 64-candidate
+    /// decision (perf/runs/2026-12-06-candidate-reads).
+    pub fn eligible_positions(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let by_id = self.ids.is_empty();
         let mut i = 0;
-        for &w in self.eligible {
+        self.eligible.iter().filter_map(move |&w| {
+            if by_id {
+                return Some((w, w));
+            }
             while i < self.ids.len() && self.ids[i] < w {
                 i += 1;
             }
-            if self.ids.get(i) == Some(&w) {
-                out.push((w, i));
-            }
-        }
-        out
+            (self.ids.get(i) == Some(&w)).then_some((w, i))
+        })
     }
 
     /// The load at `position` of `workers` ([`Snapshot::eligible_positions`]).
@@ -777,10 +774,8 @@ impl Router {
             match self.params.rule {
                 OverlapRule::EventsOnly => return o,
                 OverlapRule::EventsThenTree { threshold } => {
-                    let over = |&(w, at): &(usize, usize)| {
-                        o.of_at(at, w) as f64 / o.len as f64 > threshold
-                    };
-                    if snap.eligible_positions().iter().any(over) {
+                    let over = |(w, at)| o.of_at(at, w) as f64 / o.len as f64 > threshold;
+                    if snap.eligible_positions().any(over) {
                         return o;
                     }
                 }

@@ -137,7 +137,13 @@ impl Context {
     /// [`Context::among`] all of `snap`'s eligible workers (tests).
     #[cfg(test)]
     pub fn of(p: &TtftParams, snap: &Snapshot<'_>, req: &Request<'_>, ov: &Overlaps) -> Self {
-        Self::among(p, snap, req, ov, &snap.eligible_positions())
+        Self::among(
+            p,
+            snap,
+            req,
+            ov,
+            &snap.eligible_positions().collect::<Vec<_>>(),
+        )
     }
 
     /// The context of `req` over `snap`'s eligible workers `eligible`, `(worker, position)` as
@@ -325,7 +331,7 @@ pub fn decide(
     ov: &Overlaps,
     rng: &mut impl Rng,
 ) -> Decision {
-    let eligible = snap.eligible_positions();
+    let eligible: Vec<(usize, usize)> = snap.eligible_positions().collect();
     let ctx = Context::among(p, snap, req, ov, &eligible);
     let last = Cell::new(None);
     let cost = |i: usize| terms_at(p, &ctx, snap, req, ov, eligible[i], &last).cost(p, &ctx);

@@ -515,17 +515,22 @@ fn eligible_positions_name_each_eligible_workers_load() {
         ids: &[3, 8, 11, 40],
         ..snap_of(&workers, &[8, 40])
     };
-    assert_eq!(cand.eligible_positions(), vec![(8, 1), (40, 3)]);
+    assert_eq!(
+        cand.eligible_positions().collect::<Vec<_>>(),
+        vec![(8, 1), (40, 3)]
+    );
     assert_eq!(cand.load_at(3).requests, 3);
     assert_eq!(
-        snap_of(&workers, &[0, 2]).eligible_positions(),
+        snap_of(&workers, &[0, 2])
+            .eligible_positions()
+            .collect::<Vec<_>>(),
         vec![(0, 0), (2, 2)]
     );
     let odd = Snapshot {
         ids: &[3, 8, 11, 40],
         ..snap_of(&workers, &[5, 11])
     };
-    assert_eq!(odd.eligible_positions(), vec![(11, 2)]);
+    assert_eq!(odd.eligible_positions().collect::<Vec<_>>(), vec![(11, 2)]);
 }
 
 /// predicted_ttft reads a worker alike whether the snapshot and the overlaps are laid out
