@@ -1002,27 +1002,19 @@ impl EventIndex {
             return Overlap::default();
         }
         // The answer's own buffers are the thread's, lent to the query and handed back.
-        let run = |s: &mut Scratch| {
+        with_scratch(|s| {
             let nw = self.table.words();
-            let mut first = std::mem::take(&mut s.first);
-            let mut depth = std::mem::take(&mut s.depth);
-            first.resize(nw, 0);
-            depth.resize(depth.len().max(nw * 64), 0);
+            s.first.resize(nw, 0);
+            s.depth.resize(s.depth.len().max(nw * 64), 0);
             let mut out = Out {
-                depth: Some(&mut depth[..nw * 64]),
+                depth: Some(&mut s.depth[..nw * 64]),
                 runs: None,
             };
-            let o = if self.find_into(keys, s, &mut first, &mut out) {
-                emit(&first, &depth)
+            if self.find_into(keys, &mut s.words, None, &mut s.first, &mut out) {
+                emit(&s.first, &s.depth)
             } else {
                 Overlap::default()
-            };
-            (s.first, s.depth) = (first, depth);
-            o
-        };
-        SCRATCH.with(|s| match s.try_borrow_mut() {
-            Ok(mut s) => run(&mut s),
-            Err(_) => run(&mut Scratch::default()),
+            }
         })
     }
 
@@ -1032,7 +1024,40 @@ impl EventIndex {
     /// sharing a system prompt, every worker holds the first blocks). Allocates the answer:
     /// ⌈workers / 64⌉ words and two copies of a run per (depth, 64-worker word) pair
     /// present; no per-worker array.
+    ///
+    /// The thread remembers the answer (its depths cut at the last multiple of
+    /// [`MEMO_STRIDE`] blocks, up to [`MEMO_SLOTS`] answers) and a later query extending
+    /// the same prefix (a conversation's next turn) starts from it: each remembered depth
+    /// `d` is checked with two probes (blocks `d − 1` and `d`) instead of a bisection of
+    /// the whole prompt, and only the workers whose depth moved are bisected, within the
+    /// side they moved to. The answer is the same as without it (a remembered depth is a
+    /// guess that is verified, never trusted), so a stale or foreign one costs probes,
+    /// not correctness.
     pub fn find_depths(&self, keys: &[u64]) -> Depths {
+        with_scratch(|s| {
+            let id = self.identity();
+            let hint = s.memo.recall(id, keys);
+            let d = self.depths_hinted(keys, hint, &mut s.words);
+            s.memo.remember(id, keys, &d.runs);
+            d
+        })
+    }
+
+    /// The index's identity in a thread's memo: the address of its shared state (an index
+    /// dropped and another allocated there only costs the newcomer wasted probes).
+    fn identity(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
+    /// [`Self::find_depths`] starting from the depths `hint` (runs as [`Depths::runs`],
+    /// any depths in 1..=keys.len(), repeated words allowed): the same answer whatever the
+    /// hint says.
+    fn depths_hinted(
+        &self,
+        keys: &[u64],
+        hint: Option<&[(u32, u32, u64)]>,
+        words: &mut Vec<u64>,
+    ) -> Depths {
         let nw = self.table.words();
         let mut d = Depths {
             first: vec![0; nw],
@@ -1047,11 +1072,7 @@ impl EventIndex {
             depth: None,
             runs: Some(&mut d.runs),
         };
-        let found = SCRATCH.with(|s| match s.try_borrow_mut() {
-            Ok(mut s) => self.find_into(keys, &mut s, &mut d.first, &mut out),
-            Err(_) => self.find_into(keys, &mut Scratch::default(), &mut d.first, &mut out),
-        });
-        if !found {
+        if !self.find_into(keys, words, hint, &mut d.first, &mut out) {
             d.first.fill(0);
             d.runs.clear();
             return d;
@@ -1079,11 +1100,13 @@ impl EventIndex {
 
     /// The query of [`Self::find_matches`]: fills `first` (⌈workers / 64⌉ words) with the
     /// workers holding `keys[0]` and gives each of them its depth through `out`; false when
-    /// none holds it (`first` is then unspecified).
+    /// none holds it (`first` is then unspecified). `words` is scratch; `hint`, remembered
+    /// depths to verify before bisecting ([`Self::find_depths`]).
     fn find_into(
         &self,
         keys: &[u64],
-        s: &mut Scratch,
+        words: &mut Vec<u64>,
+        hint: Option<&[(u32, u32, u64)]>,
         first: &mut [u64],
         out: &mut Out<'_>,
     ) -> bool {
@@ -1097,13 +1120,13 @@ impl EventIndex {
         // Scratch: active, row, holey, then 2 word-sets per bisection level.
         let levels = (usize::BITS - keys.len().leading_zeros()) as usize + 1;
         let need = nw * (3 + 2 * levels);
-        if s.words.len() < need {
-            s.words.resize(need, 0);
+        if words.len() < need {
+            words.resize(need, 0);
         }
         if !t.get_into(keys[0], first) {
             return false;
         }
-        let (active, rest) = s.words[..need].split_at_mut(nw);
+        let (active, rest) = words[..need].split_at_mut(nw);
         let (row, rest) = rest.split_at_mut(nw);
         let (holey, scratch) = rest.split_at_mut(nw);
         let probe = Probe { t, keys };
@@ -1154,6 +1177,12 @@ impl EventIndex {
                 active[w] &= !full;
                 live |= active[w];
             }
+            if live != 0
+                && let Some(hint) = hint
+            {
+                // `holey` is free from here on: it holds each remembered depth's workers.
+                live = verify(&probe, out, hint, active, holey, row, scratch);
+            }
             if live != 0 {
                 bisect(&probe, out, 0, last, active, scratch);
             }
@@ -1172,12 +1201,99 @@ impl EventIndex {
     }
 }
 
-/// Per-thread scratch of [`EventIndex::find_matches`]: bitsets and per-worker depths.
+/// Per-thread scratch of [`EventIndex::find_matches`]: bitsets and per-worker depths; and
+/// the answers [`EventIndex::find_depths`] remembers.
 #[derive(Default)]
 struct Scratch {
     words: Vec<u64>,
     first: Vec<u64>,
     depth: Vec<u32>,
+    memo: Memo,
+}
+
+/// `f` on the thread's scratch (a fresh one if the thread's is in use: a query inside a
+/// query, which nothing does today).
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
+/// Blocks between the prefix lengths at which [`EventIndex::find_depths`] remembers an
+/// answer: a query of `n` keys is remembered cut at ⌊n / 16⌋ · 16 blocks (256 tokens at
+/// the engines' usual 16-token blocks), so that a next turn adding fewer than
+/// [`MEMO_LOOKBACK`] × 16 blocks finds it.
+pub const MEMO_STRIDE: usize = 16;
+/// Remembered lengths a query looks for below its own (each one hash and a compare): a
+/// turn adding up to 8 × 16 blocks (2,048 tokens; Mooncake's conversation turns add a few
+/// hundred) finds the previous turn's answer.
+pub const MEMO_LOOKBACK: usize = 8;
+/// Answers remembered per thread, direct-mapped by their last key: the conversations a
+/// core has in flight at once, as the chat-prefix cache keeps them per core.
+pub const MEMO_SLOTS: usize = 256;
+/// Answers with more runs than this are not remembered (each run 16 bytes: at most 4 KiB
+/// an answer, 1 MiB a thread).
+pub const MEMO_MAX_RUNS: usize = 256;
+
+/// A thread's remembered [`EventIndex::find_depths`] answers.
+#[derive(Default)]
+struct Memo {
+    /// [`MEMO_SLOTS`] entries once the first answer is remembered.
+    slots: Vec<Remembered>,
+}
+
+/// One remembered answer: the runs of the query of the `len` first keys of some prompt
+/// whose key `len − 1` is `key` (keys chain, so that key names the whole prefix), asked of
+/// the index `index` ([`EventIndex::identity`]).
+#[derive(Default)]
+struct Remembered {
+    index: usize,
+    key: u64,
+    len: usize,
+    runs: Vec<(u32, u32, u64)>,
+}
+
+impl Memo {
+    fn slot(index: usize, key: u64) -> usize {
+        home(mix(key ^ index as u64), MEMO_SLOTS)
+    }
+
+    /// The runs remembered for the longest prefix of `keys` with a remembered answer,
+    /// looking [`MEMO_LOOKBACK`] stride lengths down from ⌊len / stride⌋ · stride.
+    fn recall(&self, index: usize, keys: &[u64]) -> Option<&[(u32, u32, u64)]> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let top = keys.len() / MEMO_STRIDE;
+        (top.saturating_sub(MEMO_LOOKBACK - 1).max(1)..=top)
+            .rev()
+            .map(|k| k * MEMO_STRIDE)
+            .find_map(|len| {
+                let key = keys[len - 1];
+                let r = &self.slots[Self::slot(index, key)];
+                (r.index == index && r.key == key && r.len == len).then_some(r.runs.as_slice())
+            })
+    }
+
+    /// Remembers `runs` (the answer for `keys`) cut at ⌊len / stride⌋ · stride blocks;
+    /// nothing for a prompt shorter than one stride or an answer over [`MEMO_MAX_RUNS`].
+    fn remember(&mut self, index: usize, keys: &[u64], runs: &[(u32, u32, u64)]) {
+        let len = keys.len() / MEMO_STRIDE * MEMO_STRIDE;
+        if len == 0 || runs.is_empty() || runs.len() > MEMO_MAX_RUNS {
+            return;
+        }
+        if self.slots.is_empty() {
+            self.slots.resize_with(MEMO_SLOTS, Remembered::default);
+        }
+        let key = keys[len - 1];
+        let r = &mut self.slots[Self::slot(index, key)];
+        (r.index, r.key, r.len) = (index, key, len);
+        r.runs.clear();
+        let cut = len as u32;
+        r.runs
+            .extend(runs.iter().map(|&(d, w, set)| (d.min(cut), w, set)));
+    }
 }
 
 /// Where a query writes its depths: each worker's, and the runs of [`Depths::runs`] when
@@ -1283,9 +1399,17 @@ struct Probe<'a, 'g> {
     keys: &'a [u64],
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Rows a query read past its first block (tests count probes with it).
+    static PROBES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 impl Probe<'_, '_> {
     #[inline]
     fn get(&self, i: usize, out: &mut [u64]) {
+        #[cfg(test)]
+        PROBES.with(|p| p.set(p.get() + 1));
         self.t.get_into(self.keys[i], out);
     }
     #[inline]
@@ -1302,6 +1426,77 @@ fn set_depth(depth: &mut [u32], mut set: u64, d: u32) {
         depth[b] = d;
         set &= set - 1;
     }
+}
+
+/// Places the workers of `active` that `hint` (runs `(depth, word, workers)`, depths in
+/// `1..=keys`, a depth's runs together) names, removing them from `active`; returns whether
+/// any are left. Every worker of `active` holds block 0 and not the last block, and is
+/// prefix-closed (holds every block before its first missing one). For a remembered depth
+/// `d`: the workers still holding block `d − 1` and not block `d` hold exactly `d` blocks;
+/// those not holding `d − 1` are bisected within `[0, d − 1)`, those holding `d` within
+/// `[d, last)`. Two probes per remembered depth, all asked of memory before the first is
+/// read. `group` and `row` are word-sets of `active.len()` words; `scratch` as
+/// [`bisect`]'s.
+fn verify(
+    probe: &Probe<'_, '_>,
+    out: &mut Out<'_>,
+    hint: &[(u32, u32, u64)],
+    active: &mut [u64],
+    group: &mut [u64],
+    row: &mut [u64],
+    scratch: &mut [u64],
+) -> u64 {
+    let last = probe.keys.len() - 1;
+    let nw = active.len();
+    let depths = || {
+        hint.chunk_by(|a, b| a.0 == b.0)
+            .map(|runs| (runs[0].0 as usize, runs))
+            .filter(|&(d, _)| (1..=last + 1).contains(&d))
+    };
+    for (d, _) in depths() {
+        probe.prefetch(d - 1);
+        if d < last {
+            probe.prefetch(d);
+        }
+    }
+    for (d, runs) in depths() {
+        group.fill(0);
+        let mut any = 0;
+        for &(_, w, set) in runs {
+            if let Some(a) = active.get_mut(w as usize) {
+                group[w as usize] |= set & *a;
+                any |= set & *a;
+                *a &= !set;
+            }
+        }
+        if any == 0 {
+            continue;
+        }
+        // Block d − 1: held by all of them when d = 1 (block 0 is).
+        if d > 1 {
+            probe.get(d - 1, row);
+            let (gone, rest) = scratch.split_at_mut(nw);
+            for w in 0..nw {
+                gone[w] = group[w] & !row[w];
+                group[w] &= row[w];
+            }
+            bisect(probe, out, 0, d - 1, gone, rest);
+        }
+        // Block d: the last one is held by none of them.
+        if d < last {
+            probe.get(d, row);
+            let (deeper, rest) = scratch.split_at_mut(nw);
+            for w in 0..nw {
+                deeper[w] = group[w] & row[w];
+                group[w] &= !row[w];
+            }
+            bisect(probe, out, d, last, deeper, rest);
+        }
+        for (w, &g) in group.iter().enumerate() {
+            out.put(w, g, d as u32);
+        }
+    }
+    active.iter().fold(0, |acc, &a| acc | a)
 }
 
 /// Every worker in `set` (a bitset of `set.len()` words) holds block `lo` and not block `hi`:
@@ -2331,6 +2526,57 @@ mod tests {
         assert!(ix.find_depths(&other).runs().is_empty());
     }
 
+    /// Worked example of the remembered answer ([`EventIndex::find_depths`]): 128 workers;
+    /// worker 3 holds 30 blocks of a conversation, 70 holds 20, the other 99 of workers
+    /// 0..=100 hold its first 10. Turn 1 (36 blocks) bisects and is remembered at 32
+    /// blocks; turn 2 (40 blocks) reads the last block and 2 blocks per remembered depth
+    /// (10, 20, 30): 7 rows. Worker 70 then evicts its blocks 15..20: turn 3 (44 blocks)
+    /// finds it at 15 by a bisection of [0, 19) for it alone. Every answer equals the one
+    /// without memory and the brute-force reference.
+    #[test]
+    fn a_next_turn_checks_remembered_depths_instead_of_bisecting() {
+        let (ix, mut w) = EventIndex::new(&cfg(128));
+        let mut r = ReferenceEventIndex::new();
+        for worker in 0..=100 {
+            let n = match worker {
+                3 => 30,
+                70 => 20,
+                _ => 10,
+            };
+            store(&mut w, &mut r, worker, 1, 0, n);
+        }
+        check(&w);
+        let probes = |r: &ReferenceEventIndex, keys: &[u64]| {
+            PROBES.with(|p| p.set(0));
+            let d = ix.find_depths(keys);
+            let n = PROBES.with(|p| p.get());
+            assert_eq!(d, ix.depths_hinted(keys, None, &mut Vec::new()));
+            assert_eq!(d.overlap().0, r.find_matches(keys));
+            (d, n)
+        };
+        let keys = |n| block_keys(&tokens(1, 0, n), BS);
+        let (d1, cold) = probes(&r, &keys(36));
+        assert_eq!((d1.blocks(3), d1.blocks(70), d1.blocks(0)), (30, 20, 10));
+        let (d2, warm) = probes(&r, &keys(40));
+        assert_eq!((d2.blocks(3), d2.blocks(70), d2.blocks(100)), (30, 20, 10));
+        assert_eq!(
+            warm, 7,
+            "the last block, then blocks d − 1 and d of 3 depths"
+        );
+        assert!(cold > warm, "cold {cold} warm {warm}");
+        let gone: Vec<u64> = (15..20).map(|i| ehash(1, i)).collect();
+        w[1].apply_removed(70, &gone).unwrap();
+        r.removed(70, &gone);
+        check(&w);
+        let (d3, moved) = probes(&r, &keys(44));
+        assert_eq!((d3.blocks(3), d3.blocks(70), d3.blocks(64)), (30, 15, 10));
+        assert!(moved > warm && moved < cold, "moved {moved}");
+        // A prompt under one stride is neither remembered nor helped.
+        let (d4, short) = probes(&r, &keys(12));
+        assert_eq!((d4.blocks(3), d4.blocks(5)), (12, 10));
+        assert!(short > 1);
+    }
+
     /// anchors §7 E4: block boundaries with a 153-token base (9 full blocks + 9-token tail).
     #[test]
     fn e4_block_boundaries() {
@@ -2536,6 +2782,7 @@ mod tests {
             let mut r = ReferenceEventIndex::new();
             let mut model: std::collections::BTreeSet<(TenantId, u64)> = Default::default();
             let mut mismatches = 0;
+            let mut other = Vec::new();
             for op in &ops {
                 match *op {
                     Op::Store(wk, s, f, n) => {
@@ -2571,6 +2818,16 @@ mod tests {
                             mismatches += 1;
                         }
                         let d = ix.find_depths(&keys);
+                        // Any remembered answer (another query's, shifted by 1) gives the
+                        // same depths: it is verified, not trusted.
+                        for shift in [0, 1] {
+                            let hint: Vec<_> = other
+                                .iter()
+                                .map(|&(b, w, set)| (b % n as u32 + shift, w, set))
+                                .collect();
+                            prop_assert_eq!(&ix.depths_hinted(&keys, Some(&hint), &mut Vec::new()), &d);
+                        }
+                        other = d.runs().to_vec();
                         prop_assert_eq!(&d.overlap(), &found);
                         prop_assert_eq!(d.holders(), found.0.len());
                         for wk in 0..130 {
