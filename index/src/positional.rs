@@ -996,7 +996,9 @@ impl EventIndex {
     /// themselves are partitioned). Returns each worker holding at least `keys[0]` with the number of consecutive leading
     /// blocks it holds; a hole truncates the match. Cost, in probes of the one table (each
     /// answering for every worker): O(len/32 + drop points × 5) for workers without holes,
-    /// plus O(len) when a worker with holes holds `keys[0]`; then O(workers) to emit.
+    /// plus O(len) when a worker with holes holds `keys[0]`; then O(workers) to emit. Like
+    /// [`Self::find_depths`], it starts from (and updates) the thread's remembered answer for
+    /// the same prefix: two probes per remembered depth when nothing moved.
     pub fn find_matches(&self, keys: &[u64]) -> Overlap {
         if keys.is_empty() {
             return Overlap::default();
@@ -1004,17 +1006,27 @@ impl EventIndex {
         // The answer's own buffers are the thread's, lent to the query and handed back.
         with_scratch(|s| {
             let nw = self.table.words();
-            s.first.resize(nw, 0);
-            s.depth.resize(s.depth.len().max(nw * 64), 0);
+            let id = self.identity();
+            let Scratch {
+                words,
+                first,
+                depth,
+                runs,
+                memo,
+            } = s;
+            first.resize(nw, 0);
+            depth.resize(depth.len().max(nw * 64), 0);
+            runs.clear();
             let mut out = Out {
-                depth: Some(&mut s.depth[..nw * 64]),
-                runs: None,
+                depth: Some(&mut depth[..nw * 64]),
+                runs: Some(runs),
             };
-            if self.find_into(keys, &mut s.words, None, &mut s.first, &mut out) {
-                emit(&s.first, &s.depth)
-            } else {
-                Overlap::default()
+            if !self.find_into(keys, words, memo.recall(id, keys), first, &mut out) {
+                return Overlap::default();
             }
+            runs.sort_unstable_by_key(|&(d, w, _)| (std::cmp::Reverse(d), w));
+            memo.remember(id, keys, runs);
+            emit(first, depth)
         })
     }
 
@@ -1202,12 +1214,14 @@ impl EventIndex {
 }
 
 /// Per-thread scratch of [`EventIndex::find_matches`]: bitsets and per-worker depths; and
-/// the answers [`EventIndex::find_depths`] remembers.
+/// the answers it and [`EventIndex::find_depths`] remember.
 #[derive(Default)]
 struct Scratch {
     words: Vec<u64>,
     first: Vec<u64>,
     depth: Vec<u32>,
+    /// [`EventIndex::find_matches`]' answer as runs, for the memo.
+    runs: Vec<(u32, u32, u64)>,
     memo: Memo,
 }
 
@@ -2571,6 +2585,11 @@ mod tests {
         let (d3, moved) = probes(&r, &keys(44));
         assert_eq!((d3.blocks(3), d3.blocks(70), d3.blocks(64)), (30, 15, 10));
         assert!(moved > warm && moved < cold, "moved {moved}");
+        // `find_matches` reads and updates the same memory: the answer turn 3 left at 32.
+        PROBES.with(|p| p.set(0));
+        let found = ix.find_matches(&keys(44));
+        assert_eq!(PROBES.with(|p| p.get()), 7);
+        assert_eq!(found, d3.overlap());
         // A prompt under one stride is neither remembered nor helped.
         let (d4, short) = probes(&r, &keys(12));
         assert_eq!((d4.blocks(3), d4.blocks(5)), (12, 10));
