@@ -1098,14 +1098,20 @@ impl EventIndex {
             }
             same
         });
-        d.by_word = d.runs.clone();
-        d.by_word.sort_unstable_by_key(|&(_, w, _)| w);
+        // By word: a counting sort (O(runs + words); each word's runs stay deepest first).
         d.word_start = vec![0; nw + 1];
-        for &(_, w, _) in &d.by_word {
+        for &(_, w, _) in &d.runs {
             d.word_start[w as usize + 1] += 1;
         }
         for w in 0..nw {
             d.word_start[w + 1] += d.word_start[w];
+        }
+        let mut next = d.word_start[..nw].to_vec();
+        d.by_word = vec![(0, 0, 0); d.runs.len()];
+        for &r in &d.runs {
+            let at = &mut next[r.1 as usize];
+            d.by_word[*at as usize] = r;
+            *at += 1;
         }
         d
     }
