@@ -132,6 +132,8 @@ struct Shared {
     holey: Box<[AtomicU64]>,
     /// (worker, block) entries of each shard (gauge, one per writer).
     entries: Box<[AtomicUsize]>,
+    /// Remembered answers of the readers' queries ([`EventIndex::find_depths`]).
+    memo: Memo,
 }
 
 /// Read handle: cheap to clone, `Send + Sync`, lookups are lock-free.
@@ -936,6 +938,7 @@ impl EventIndex {
             table: table.shared(),
             holey: (0..n).map(|_| AtomicU64::new(0)).collect(),
             entries: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            memo: Memo::new(),
         });
         let table = Arc::new(Mutex::new(TableSide {
             table,
@@ -982,10 +985,12 @@ impl EventIndex {
             .sum()
     }
 
-    /// Table memory, bytes: slots allocated × 8 × (1 + ⌈max_workers / 64⌉). The writers'
-    /// records are counted by [`EventWriter::memory_bytes`].
+    /// Memory the readers share, bytes: the table (slots allocated × 8 × (1 + ⌈max_workers
+    /// / 64⌉), or × 16 plus heap rows with sparse rows) and the remembered answers
+    /// ([`MEMO_SLOTS`] slots and their runs). The writers' records are counted by
+    /// [`EventWriter::memory_bytes`].
     pub fn table_bytes(&self) -> usize {
-        self.shared.table.memory_bytes()
+        self.shared.table.memory_bytes() + self.shared.memo.memory_bytes()
     }
 
     /// Overlap of every worker with `keys` (lock-free; allocates only the answer: scratch
@@ -997,7 +1002,7 @@ impl EventIndex {
     /// blocks it holds; a hole truncates the match. Cost, in probes of the one table (each
     /// answering for every worker): O(len/32 + drop points × 5) for workers without holes,
     /// plus O(len) when a worker with holes holds `keys[0]`; then O(workers) to emit. Like
-    /// [`Self::find_depths`], it starts from (and updates) the thread's remembered answer for
+    /// [`Self::find_depths`], it starts from (and updates) the index's remembered answer for
     /// the same prefix: two probes per remembered depth when nothing moved.
     pub fn find_matches(&self, keys: &[u64]) -> Overlap {
         if keys.is_empty() {
@@ -1006,13 +1011,13 @@ impl EventIndex {
         // The answer's own buffers are the thread's, lent to the query and handed back.
         with_scratch(|s| {
             let nw = self.table.words();
-            let id = self.identity();
+            let memo = &self.shared.memo;
             let Scratch {
                 words,
                 first,
                 depth,
                 runs,
-                memo,
+                hint,
             } = s;
             first.resize(nw, 0);
             depth.resize(depth.len().max(nw * 64), 0);
@@ -1021,11 +1026,13 @@ impl EventIndex {
                 depth: Some(&mut depth[..nw * 64]),
                 runs: Some(runs),
             };
-            if !self.find_into(keys, words, memo.recall(id, keys), first, &mut out) {
+            let found = memo.recall(keys, hint);
+            let h = found.is_some().then_some(hint.as_slice());
+            if !self.find_into(keys, words, h, first, &mut out) {
                 return Overlap::default();
             }
             runs.sort_unstable_by_key(|&(d, w, _)| (std::cmp::Reverse(d), w));
-            memo.remember(id, keys, runs);
+            memo.remember(keys, runs, found.map(|len| (len, hint.as_slice())));
             emit(first, depth)
         })
     }
@@ -1037,28 +1044,24 @@ impl EventIndex {
     /// ⌈workers / 64⌉ words and two copies of a run per (depth, 64-worker word) pair
     /// present; no per-worker array.
     ///
-    /// The thread remembers the answer (its depths cut at the last multiple of
-    /// [`MEMO_STRIDE`] blocks, up to [`MEMO_SLOTS`] answers) and a later query extending
-    /// the same prefix (a conversation's next turn) starts from it: each remembered depth
+    /// The index remembers the answer (its depths cut at the last multiple of
+    /// [`MEMO_STRIDE`] blocks, up to [`MEMO_SLOTS`] answers, shared by every reader thread)
+    /// and a later query extending the same prefix (a conversation's next turn, on any
+    /// thread) starts from it: each remembered depth
     /// `d` is checked with two probes (blocks `d − 1` and `d`) instead of a bisection of
     /// the whole prompt, and only the workers whose depth moved are bisected, within the
     /// side they moved to. The answer is the same as without it (a remembered depth is a
-    /// guess that is verified, never trusted), so a stale or foreign one costs probes,
-    /// not correctness.
+    /// guess that is verified, never trusted), so a stale one costs probes, not
+    /// correctness. A remembered slot another thread is using is skipped, not waited for.
     pub fn find_depths(&self, keys: &[u64]) -> Depths {
         with_scratch(|s| {
-            let id = self.identity();
-            let hint = s.memo.recall(id, keys);
+            let memo = &self.shared.memo;
+            let found = memo.recall(keys, &mut s.hint);
+            let hint = found.is_some().then_some(s.hint.as_slice());
             let d = self.depths_hinted(keys, hint, &mut s.words);
-            s.memo.remember(id, keys, &d.runs);
+            memo.remember(keys, &d.runs, found.map(|len| (len, s.hint.as_slice())));
             d
         })
-    }
-
-    /// The index's identity in a thread's memo: the address of its shared state (an index
-    /// dropped and another allocated there only costs the newcomer wasted probes).
-    fn identity(&self) -> usize {
-        Arc::as_ptr(&self.shared) as usize
     }
 
     /// [`Self::find_depths`] starting from the depths `hint` (runs as [`Depths::runs`],
@@ -1219,8 +1222,8 @@ impl EventIndex {
     }
 }
 
-/// Per-thread scratch of [`EventIndex::find_matches`]: bitsets and per-worker depths; and
-/// the answers it and [`EventIndex::find_depths`] remember.
+/// Per-thread scratch of [`EventIndex::find_matches`] and [`EventIndex::find_depths`]:
+/// bitsets, per-worker depths, and runs.
 #[derive(Default)]
 struct Scratch {
     words: Vec<u64>,
@@ -1228,7 +1231,8 @@ struct Scratch {
     depth: Vec<u32>,
     /// [`EventIndex::find_matches`]' answer as runs, for the memo.
     runs: Vec<(u32, u32, u64)>,
-    memo: Memo,
+    /// A remembered answer, copied out of the memo.
+    hint: Vec<(u32, u32, u64)>,
 }
 
 /// `f` on the thread's scratch (a fresh one if the thread's is in use: a query inside a
@@ -1249,70 +1253,112 @@ pub const MEMO_STRIDE: usize = 16;
 /// turn adding up to 8 × 16 blocks (2,048 tokens; Mooncake's conversation turns add a few
 /// hundred) finds the previous turn's answer.
 pub const MEMO_LOOKBACK: usize = 8;
-/// Answers remembered per thread, direct-mapped by their last key: the conversations a
-/// core has in flight at once, as the chat-prefix cache keeps them per core.
-pub const MEMO_SLOTS: usize = 256;
+/// Answers an index remembers, direct-mapped by their last key: conversations in flight
+/// at once across the router's threads (a conversation whose next turn comes after 1,024
+/// others were asked since may have lost its slot: it is bisected, as with no memory).
+pub const MEMO_SLOTS: usize = 1024;
 /// Answers with more runs than this are not remembered (each run 16 bytes: at most 4 KiB
-/// an answer, 1 MiB a thread).
+/// an answer, 4 MiB an index).
 pub const MEMO_MAX_RUNS: usize = 256;
 
-/// A thread's remembered [`EventIndex::find_depths`] answers.
-#[derive(Default)]
+/// An index's remembered [`EventIndex::find_depths`] answers, shared by its readers. Each
+/// slot has its own lock, only ever tried: a reader finding it taken goes on without (no
+/// hint, or nothing remembered), so readers still never wait.
 struct Memo {
-    /// [`MEMO_SLOTS`] entries once the first answer is remembered.
-    slots: Vec<Remembered>,
+    /// [`MEMO_SLOTS`] slots.
+    slots: Box<[Mutex<Remembered>]>,
+    /// Bytes the slots' runs hold (their capacities), for [`EventWriter::memory_bytes`].
+    bytes: AtomicUsize,
 }
 
 /// One remembered answer: the runs of the query of the `len` first keys of some prompt
-/// whose key `len − 1` is `key` (keys chain, so that key names the whole prefix), asked of
-/// the index `index` ([`EventIndex::identity`]).
+/// whose key `len − 1` is `key` (keys chain, so that key names the whole prefix).
 #[derive(Default)]
 struct Remembered {
-    index: usize,
     key: u64,
     len: usize,
     runs: Vec<(u32, u32, u64)>,
 }
 
 impl Memo {
-    fn slot(index: usize, key: u64) -> usize {
-        home(mix(key ^ index as u64), MEMO_SLOTS)
+    fn new() -> Self {
+        Self {
+            slots: (0..MEMO_SLOTS)
+                .map(|_| Mutex::new(Remembered::default()))
+                .collect(),
+            bytes: AtomicUsize::new(0),
+        }
     }
 
-    /// The runs remembered for the longest prefix of `keys` with a remembered answer,
-    /// looking [`MEMO_LOOKBACK`] stride lengths down from ⌊len / stride⌋ · stride.
-    fn recall(&self, index: usize, keys: &[u64]) -> Option<&[(u32, u32, u64)]> {
-        if self.slots.is_empty() {
-            return None;
-        }
+    fn slot(&self, key: u64) -> &Mutex<Remembered> {
+        &self.slots[home(mix(key), MEMO_SLOTS)]
+    }
+
+    /// Copies into `out` the runs remembered for the longest prefix of `keys` with a
+    /// remembered answer, looking [`MEMO_LOOKBACK`] stride lengths down from
+    /// ⌊len / stride⌋ · stride, and returns that prefix's length; `None` when there is
+    /// none (or its slot is in use).
+    fn recall(&self, keys: &[u64], out: &mut Vec<(u32, u32, u64)>) -> Option<usize> {
         let top = keys.len() / MEMO_STRIDE;
         (top.saturating_sub(MEMO_LOOKBACK - 1).max(1)..=top)
             .rev()
             .map(|k| k * MEMO_STRIDE)
-            .find_map(|len| {
+            .find(|&len| {
                 let key = keys[len - 1];
-                let r = &self.slots[Self::slot(index, key)];
-                (r.index == index && r.key == key && r.len == len).then_some(r.runs.as_slice())
+                let Ok(r) = self.slot(key).try_lock() else {
+                    return false;
+                };
+                let found = r.key == key && r.len == len;
+                if found {
+                    out.clear();
+                    out.extend_from_slice(&r.runs);
+                }
+                found
             })
     }
 
     /// Remembers `runs` (the answer for `keys`) cut at ⌊len / stride⌋ · stride blocks;
-    /// nothing for a prompt shorter than one stride or an answer over [`MEMO_MAX_RUNS`].
-    fn remember(&mut self, index: usize, keys: &[u64], runs: &[(u32, u32, u64)]) {
+    /// nothing for a prompt shorter than one stride, an answer over [`MEMO_MAX_RUNS`], a
+    /// slot in use, or when `recalled` (the length and runs [`Self::recall`] gave this
+    /// query) is already that answer (a turn that moved nothing writes nothing).
+    fn remember(
+        &self,
+        keys: &[u64],
+        runs: &[(u32, u32, u64)],
+        recalled: Option<(usize, &[(u32, u32, u64)])>,
+    ) {
         let len = keys.len() / MEMO_STRIDE * MEMO_STRIDE;
         if len == 0 || runs.is_empty() || runs.len() > MEMO_MAX_RUNS {
             return;
         }
-        if self.slots.is_empty() {
-            self.slots.resize_with(MEMO_SLOTS, Remembered::default);
+        let cut = len as u32;
+        let clamped = runs.iter().map(|&(d, w, set)| (d.min(cut), w, set));
+        if recalled.is_some_and(|(l, had)| l == len && clamped.clone().eq(had.iter().copied())) {
+            return;
         }
         let key = keys[len - 1];
-        let r = &mut self.slots[Self::slot(index, key)];
-        (r.index, r.key, r.len) = (index, key, len);
+        // A slot whose holder panicked holds a hint like any other: taken over.
+        let mut r = match self.slot(key).try_lock() {
+            Ok(r) => r,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        let before = r.runs.capacity();
+        (r.key, r.len) = (key, len);
         r.runs.clear();
-        let cut = len as u32;
-        r.runs
-            .extend(runs.iter().map(|&(d, w, set)| (d.min(cut), w, set)));
+        r.runs.extend(clamped);
+        let after = r.runs.capacity();
+        if after != before {
+            let run = std::mem::size_of::<(u32, u32, u64)>();
+            self.bytes
+                .fetch_add((after - before) * run, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes held, the slots included.
+    fn memory_bytes(&self) -> usize {
+        self.slots.len() * std::mem::size_of::<Mutex<Remembered>>()
+            + self.bytes.load(Ordering::Relaxed)
     }
 }
 
@@ -2011,13 +2057,14 @@ impl EventWriter {
 
     /// Memory of this shard, bytes: its equal share of the one table (slots allocated ×
     /// 8 × (1 + words), or × 16 plus heap rows with sparse rows, plus the writer side's
-    /// tombstone lists and pending slot maps,
+    /// tombstone lists and pending slot maps and the readers' remembered answers,
     /// divided by the number of writers, so the writers' sum is the whole table) and its
     /// records (per worker: slab capacity × 16 B, + 4 B with stamps, + index capacity × 4 B
     /// + overflow maps + the state itself, and 8 B per worker slot).
     pub fn memory_bytes(&self) -> usize {
         let side = lock(&self.table).memory_bytes();
-        (self.shared.table.memory_bytes() + side) / self.shared.holey.len()
+        (self.shared.table.memory_bytes() + side + self.shared.memo.memory_bytes())
+            / self.shared.holey.len()
             + self.workers.capacity() * std::mem::size_of::<Option<Box<WorkerState>>>()
             + self
                 .workers
@@ -2549,7 +2596,8 @@ mod tests {
     /// Worked example of the remembered answer ([`EventIndex::find_depths`]): 128 workers;
     /// worker 3 holds 30 blocks of a conversation, 70 holds 20, the other 99 of workers
     /// 0..=100 hold its first 10. Turn 1 (36 blocks) bisects and is remembered at 32
-    /// blocks; turn 2 (40 blocks) reads the last block and 2 blocks per remembered depth
+    /// blocks; turn 2 (40 blocks, on another thread) reads the last block and 2 blocks per
+    /// remembered depth
     /// (10, 20, 30): 7 rows. Worker 70 then evicts its blocks 15..20: turn 3 (44 blocks)
     /// finds it at 15 by a bisection of [0, 19) for it alone. Every answer equals the one
     /// without memory and the brute-force reference.
@@ -2577,7 +2625,9 @@ mod tests {
         let keys = |n| block_keys(&tokens(1, 0, n), BS);
         let (d1, cold) = probes(&r, &keys(36));
         assert_eq!((d1.blocks(3), d1.blocks(70), d1.blocks(0)), (30, 20, 10));
-        let (d2, warm) = probes(&r, &keys(40));
+        // The index remembers, not the thread: turn 2 comes on another thread.
+        let (d2, warm) = std::thread::scope(|s| s.spawn(|| probes(&r, &keys(40))).join())
+            .expect("the query does not panic");
         assert_eq!((d2.blocks(3), d2.blocks(70), d2.blocks(100)), (30, 20, 10));
         assert_eq!(
             warm, 7,
