@@ -1253,6 +1253,9 @@ pub const MEMO_STRIDE: usize = 16;
 /// turn adding up to 8 × 16 blocks (2,048 tokens; Mooncake's conversation turns add a few
 /// hundred) finds the previous turn's answer.
 pub const MEMO_LOOKBACK: usize = 8;
+/// A run of [`Depths::runs`]: `(blocks, word, workers)`.
+type Run = (u32, u32, u64);
+
 /// Answers an index remembers, direct-mapped by their last key: conversations in flight
 /// at once across the router's threads (a conversation whose next turn comes after 1,024
 /// others were asked since may have lost its slot: it is bisected, as with no memory).
@@ -1277,7 +1280,7 @@ struct Memo {
 struct Remembered {
     key: u64,
     len: usize,
-    runs: Vec<(u32, u32, u64)>,
+    runs: Vec<Run>,
 }
 
 impl Memo {
@@ -1298,7 +1301,7 @@ impl Memo {
     /// remembered answer, looking [`MEMO_LOOKBACK`] stride lengths down from
     /// ⌊len / stride⌋ · stride, and returns that prefix's length; `None` when there is
     /// none (or its slot is in use).
-    fn recall(&self, keys: &[u64], out: &mut Vec<(u32, u32, u64)>) -> Option<usize> {
+    fn recall(&self, keys: &[u64], out: &mut Vec<Run>) -> Option<usize> {
         let top = keys.len() / MEMO_STRIDE;
         (top.saturating_sub(MEMO_LOOKBACK - 1).max(1)..=top)
             .rev()
@@ -1321,12 +1324,7 @@ impl Memo {
     /// nothing for a prompt shorter than one stride, an answer over [`MEMO_MAX_RUNS`], a
     /// slot in use, or when `recalled` (the length and runs [`Self::recall`] gave this
     /// query) is already that answer (a turn that moved nothing writes nothing).
-    fn remember(
-        &self,
-        keys: &[u64],
-        runs: &[(u32, u32, u64)],
-        recalled: Option<(usize, &[(u32, u32, u64)])>,
-    ) {
+    fn remember(&self, keys: &[u64], runs: &[Run], recalled: Option<(usize, &[Run])>) {
         let len = keys.len() / MEMO_STRIDE * MEMO_STRIDE;
         if len == 0 || runs.is_empty() || runs.len() > MEMO_MAX_RUNS {
             return;
@@ -1349,7 +1347,7 @@ impl Memo {
         r.runs.extend(clamped);
         let after = r.runs.capacity();
         if after != before {
-            let run = std::mem::size_of::<(u32, u32, u64)>();
+            let run = std::mem::size_of::<Run>();
             self.bytes
                 .fetch_add((after - before) * run, Ordering::Relaxed);
         }
