@@ -2,7 +2,7 @@
 //! leading blocks of a request.
 //!
 //! One lock-free table maps `block key → worker bitset` (bit `w % 64` of word `w / 64`;
-//! ⌈max_workers / 64⌉ words per key; readers never lock nor wait, see `table`). Workers are
+//! ⌈max_workers / 64⌉ words per key; readers never wait, see `table`). Workers are
 //! split into shards of [`SHARD_WORKERS`] (64) dense ids, each with exactly one
 //! [`EventWriter`] that applies that shard's events in order and owns one word of every
 //! bitset. The writers share the table's single-writer side through a writer-only mutex,
@@ -66,6 +66,15 @@
 //! bisection step prefetches both possible next midpoints. A worker with holes (counted
 //! exactly by the writer) is scanned block by block instead, so a hole always truncates its
 //! match. A query allocates only its answer (scratch is per thread).
+//!
+//! A conversation's next turn asks for the same prefix and a few blocks more, so the index
+//! remembers answers ([`MEMO_SLOTS`] of them, cut at a multiple of [`MEMO_STRIDE`] blocks,
+//! shared by every reader thread, each slot only ever try-locked). A query that finds one
+//! checks each remembered depth `d` with two probes (blocks `d − 1` and `d`) before any
+//! bisection, and bisects only the workers whose depth moved, on the side they moved to:
+//! ~6 probes instead of ~22 for a turn of a 32k-token conversation whose holders sit at two
+//! depths (`perf/runs/2026-12-07-remembered-depths/`). A remembered depth is a guess that is
+//! verified, so the answer never depends on it.
 //!
 //! Measured in `kvroute bench index` (same run, alternating builds; 2-core VM): against
 //! Dynamo's jump search (skip 32 blocks, bisect the last skip; batched and prefetched) the
@@ -1067,12 +1076,7 @@ impl EventIndex {
     /// [`Self::find_depths`] starting from the depths `hint` (runs as [`Depths::runs`],
     /// any depths in 1..=keys.len(), repeated words allowed): the same answer whatever the
     /// hint says.
-    fn depths_hinted(
-        &self,
-        keys: &[u64],
-        hint: Option<&[(u32, u32, u64)]>,
-        words: &mut Vec<u64>,
-    ) -> Depths {
+    fn depths_hinted(&self, keys: &[u64], hint: Option<&[Run]>, words: &mut Vec<u64>) -> Depths {
         let nw = self.table.words();
         let mut d = Depths {
             first: vec![0; nw],
@@ -1127,7 +1131,7 @@ impl EventIndex {
         &self,
         keys: &[u64],
         words: &mut Vec<u64>,
-        hint: Option<&[(u32, u32, u64)]>,
+        hint: Option<&[Run]>,
         first: &mut [u64],
         out: &mut Out<'_>,
     ) -> bool {
@@ -1222,6 +1226,9 @@ impl EventIndex {
     }
 }
 
+/// A run of [`Depths::runs`]: `(blocks, word, workers)`.
+type Run = (u32, u32, u64);
+
 /// Per-thread scratch of [`EventIndex::find_matches`] and [`EventIndex::find_depths`]:
 /// bitsets, per-worker depths, and runs.
 #[derive(Default)]
@@ -1230,9 +1237,9 @@ struct Scratch {
     first: Vec<u64>,
     depth: Vec<u32>,
     /// [`EventIndex::find_matches`]' answer as runs, for the memo.
-    runs: Vec<(u32, u32, u64)>,
+    runs: Vec<Run>,
     /// A remembered answer, copied out of the memo.
-    hint: Vec<(u32, u32, u64)>,
+    hint: Vec<Run>,
 }
 
 /// `f` on the thread's scratch (a fresh one if the thread's is in use: a query inside a
@@ -1251,10 +1258,8 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
 pub const MEMO_STRIDE: usize = 16;
 /// Remembered lengths a query looks for below its own (each one hash and a compare): a
 /// turn adding up to 8 × 16 blocks (2,048 tokens; Mooncake's conversation turns add a few
-/// hundred) finds the previous turn's answer.
+/// hundred) finds the previous turn's answer. Each look is a hash, a try-lock and a compare.
 pub const MEMO_LOOKBACK: usize = 8;
-/// A run of [`Depths::runs`]: `(blocks, word, workers)`.
-type Run = (u32, u32, u64);
 
 /// Answers an index remembers, direct-mapped by their last key: conversations in flight
 /// at once across the router's threads (a conversation whose next turn comes after 1,024
@@ -1264,7 +1269,8 @@ pub const MEMO_SLOTS: usize = 1024;
 /// an answer, 4 MiB an index).
 pub const MEMO_MAX_RUNS: usize = 256;
 
-/// An index's remembered [`EventIndex::find_depths`] answers, shared by its readers. Each
+/// An index's remembered answers of [`EventIndex::find_depths`] and
+/// [`EventIndex::find_matches`], shared by its readers. Each
 /// slot has its own lock, only ever tried: a reader finding it taken goes on without (no
 /// hint, or nothing remembered), so readers still never wait.
 struct Memo {
@@ -1504,7 +1510,7 @@ fn set_depth(depth: &mut [u32], mut set: u64, d: u32) {
 fn verify(
     probe: &Probe<'_, '_>,
     out: &mut Out<'_>,
-    hint: &[(u32, u32, u64)],
+    hint: &[Run],
     active: &mut [u64],
     group: &mut [u64],
     row: &mut [u64],
