@@ -191,8 +191,9 @@ impl Prefix {
 /// Least recently used first out: `order` lists `(tick, hash)` pairs in tick order, one
 /// pushed at the back whenever an entry is inserted or found. A pair whose tick is no longer
 /// its entry's (found again since, replaced, or evicted) is stale and skipped when it reaches
-/// the front; stale pairs are swept once they outnumber the entries. Every operation then
-/// touches the queue's ends only, not a tree's cold nodes (a `BTreeMap` before).
+/// the front; they are swept once the queue holds [`MAX_STALE`] more pairs than there are
+/// entries. Every operation then touches the queue's ends only (and a sweep, O(pairs), comes
+/// at most once per `MAX_STALE` operations).
 ///
 /// # Invariants
 /// 1. `order` holds exactly one `(tick, hash)` per entry of `entries` with the entry's tick,
