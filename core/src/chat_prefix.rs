@@ -65,7 +65,7 @@ pub const MAX_SUFFIX_BYTES: usize = 4096;
 
 /// Stale pairs ([`ChatCache`]'s LRU queue) kept before a sweep: a sweep costs O(entries), so
 /// at least this many lookups and inserts share each one.
-const MAX_STALE: usize = 1024;
+pub const MAX_STALE: usize = 1024;
 
 /// Message ends cached per request, counted from its end: the last message (what the next
 /// turn reuses) and the two before it (reused when a client regenerates or edits the last
