@@ -48,7 +48,7 @@ use crate::route_key::{Endpoint, Messages, RouteKey, TokenSource, key_from_field
 use crate::tokens::{BlockKeyMemo, BlockKeys, ShardTokenizers};
 use kvroute_tokenize::native::{self, PlainMessage, RenderOptions};
 use kvroute_tokenize::{IncrementalTokenizer, TokenizeError};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 use twox_hash::XxHash3_128;
 
@@ -62,10 +62,6 @@ pub const MAX_PROBES: usize = 64;
 /// the fast path), so a long last message (a grown single-message prompt) is not tokenized
 /// twice.
 pub const MAX_SUFFIX_BYTES: usize = 4096;
-
-/// Stale pairs ([`ChatCache`]'s LRU queue) kept before a sweep: a sweep costs O(entries), so
-/// at least this many lookups and inserts share each one.
-pub const MAX_STALE: usize = 1024;
 
 /// Message ends cached per request, counted from its end: the last message (what the next
 /// turn reuses) and the two before it (reused when a client regenerates or edits the last
@@ -188,22 +184,14 @@ impl Prefix {
 
 /// The cache of chat prefixes (module doc). Shared by the shards through [`SharedChatCache`].
 ///
-/// Least recently used first out: `order` lists `(tick, hash)` pairs in tick order, one
-/// pushed at the back whenever an entry is inserted or found. A pair whose tick is no longer
-/// its entry's (found again since, replaced, or evicted) is stale and skipped when it reaches
-/// the front; they are swept once the queue holds [`MAX_STALE`] more pairs than there are
-/// entries. Every operation then touches the queue's ends only (and a sweep, O(pairs), comes
-/// at most once per `MAX_STALE` operations).
-///
 /// # Invariants
-/// 1. `order` holds exactly one `(tick, hash)` per entry of `entries` with the entry's tick,
-///    ticks increase front to back, and at most `entries.len() + MAX_STALE + 1` pairs.
+/// 1. `order` holds exactly one `(tick, hash)` per entry of `entries`, with the entry's tick.
 /// 2. `held` is the sum of the entries' [`Prefix::cost`], at most `budget` between calls.
 #[derive(Debug)]
 pub struct ChatCache {
     budget: usize,
     entries: HashMap<u128, (Arc<Prefix>, u64)>,
-    order: VecDeque<(u64, u128)>,
+    order: BTreeMap<u64, u128>,
     held: usize,
     next_tick: u64,
     hits: u64,
@@ -227,7 +215,7 @@ impl ChatCache {
         Self {
             budget,
             entries: HashMap::new(),
-            order: VecDeque::new(),
+            order: BTreeMap::new(),
             held: 0,
             next_tick: 0,
             hits: 0,
@@ -261,11 +249,11 @@ impl ChatCache {
                 continue;
             }
             let p = Arc::clone(p);
+            self.order.remove(tick);
             *tick = self.next_tick;
-            self.order.push_back((self.next_tick, hash));
+            self.order.insert(self.next_tick, hash);
             self.next_tick += 1;
             self.hits += 1;
-            self.sweep();
             return Some(p);
         }
         self.misses += 1;
@@ -276,58 +264,35 @@ impl ChatCache {
         if self.budget == 0 || p.cost() > self.budget {
             return;
         }
-        self.held += p.cost();
-        if let Some((old, _)) = self.entries.insert(hash, (Arc::new(p), self.next_tick)) {
+        if let Some((old, tick)) = self.entries.remove(&hash) {
+            self.order.remove(&tick);
             self.held -= old.cost();
         }
-        self.order.push_back((self.next_tick, hash));
+        self.held += p.cost();
+        self.order.insert(self.next_tick, hash);
+        self.entries.insert(hash, (Arc::new(p), self.next_tick));
         self.next_tick += 1;
         while self.held > self.budget {
-            let Some((tick, h)) = self.order.pop_front() else {
+            let Some((_, h)) = self.order.pop_first() else {
                 break;
             };
-            if self.entries.get(&h).is_some_and(|&(_, t)| t == tick)
-                && let Some((old, _)) = self.entries.remove(&h)
-            {
+            if let Some((old, _)) = self.entries.remove(&h) {
                 self.held -= old.cost();
             }
-        }
-        self.sweep();
-    }
-
-    /// Drops the stale pairs of `order` once there are more than [`MAX_STALE`] (O(pairs),
-    /// at most once per `MAX_STALE` operations).
-    fn sweep(&mut self) {
-        if self.order.len() > self.entries.len() + MAX_STALE {
-            let entries = &self.entries;
-            self.order
-                .retain(|(tick, h)| entries.get(h).is_some_and(|&(_, t)| t == *tick));
         }
     }
 
     /// Checks the invariants (tests only).
     #[cfg(test)]
     fn check(&self) -> Result<(), String> {
-        let live = self
-            .order
-            .iter()
-            .filter(|(tick, h)| self.entries.get(h).is_some_and(|(_, t)| t == tick))
-            .count();
-        if live != self.entries.len() {
-            return Err(format!(
-                "{live} live pairs for {} entries",
-                self.entries.len()
-            ));
+        if self.order.len() != self.entries.len() {
+            return Err("order and entries differ in size".into());
         }
-        if !self.order.iter().is_sorted_by_key(|&(tick, _)| tick) {
-            return Err("ticks out of order".into());
-        }
-        if self.order.len() > self.entries.len() + MAX_STALE + 1 {
-            return Err(format!(
-                "{} pairs for {} entries",
-                self.order.len(),
-                self.entries.len()
-            ));
+        for (tick, h) in &self.order {
+            match self.entries.get(h) {
+                Some((_, t)) if t == tick => {}
+                _ => return Err(format!("tick {tick} has no entry")),
+            }
         }
         let sum: usize = self.entries.values().map(|(p, _)| p.cost()).sum();
         if sum != self.held || self.held > self.budget {
@@ -1288,54 +1253,6 @@ mod tests {
             c.check().unwrap();
             assert!(c.held() <= 40);
         }
-    }
-
-    /// The LRU queue, a worked example: a budget of three entries; A, B, C in; A found
-    /// again; D in evicts B (the least recently used), not A. Then 5,000 lookups of A (5,000
-    /// stale pairs) are swept as they come: the queue stays under entries + `MAX_STALE` + 1
-    /// pairs and the invariants hold throughout.
-    #[test]
-    fn lookups_refresh_and_stale_pairs_are_swept() {
-        let prefix = |bytes| Prefix {
-            bytes,
-            key: 0,
-            tokenizer: 0,
-            messages: 1,
-            last_query: None,
-            last_wrappable: false,
-            ids: TokenIds::with_headroom(&[1, 2, 3]),
-            text: Arc::new(Chain::root(String::new())),
-            text_len: 0,
-            block_keys: Arc::new(OnceLock::new()),
-        };
-        let mut c = ChatCache::new(3 * prefix(0).cost());
-        for (h, bytes) in [(1u128, 10), (2, 20), (3, 30)] {
-            c.insert(h, prefix(bytes));
-            c.check().unwrap();
-        }
-        assert!(c.lookup(&[(10, 1)]).is_some());
-        c.insert(4, prefix(40));
-        c.check().unwrap();
-        assert!(
-            c.lookup(&[(20, 2)]).is_none(),
-            "B was the least recently used"
-        );
-        for (bytes, h) in [(10, 1), (30, 3), (40, 4)] {
-            assert!(c.lookup(&[(bytes, h)]).is_some());
-        }
-        for i in 0..5_000 {
-            assert!(c.lookup(&[(10, 1)]).is_some());
-            if i % 500 == 0 {
-                c.check().unwrap();
-            }
-        }
-        c.check().unwrap();
-        assert!(c.order.len() <= c.entries.len() + MAX_STALE + 1);
-        assert_eq!(c.hits_misses(), (5_004, 1));
-        // A replaced entry leaves its old pair stale, not a second live one.
-        c.insert(3, prefix(30));
-        c.check().unwrap();
-        assert_eq!(c.entries.len(), 3);
     }
 
     fn content() -> impl Strategy<Value = String> {
