@@ -1031,17 +1031,21 @@ impl EventIndex {
             first.resize(nw, 0);
             depth.resize(depth.len().max(nw * 64), 0);
             runs.clear();
+            // Runs are gathered only for a prompt long enough to be remembered.
+            let remembers = keys.len() >= MEMO_STRIDE;
             let mut out = Out {
                 depth: Some(&mut depth[..nw * 64]),
-                runs: Some(runs),
+                runs: remembers.then_some(&mut *runs),
             };
             let found = memo.recall(keys, hint);
             let h = found.is_some().then_some(hint.as_slice());
             if !self.find_into(keys, words, h, first, &mut out) {
                 return Overlap::default();
             }
-            runs.sort_unstable_by_key(|&(d, w, _)| (std::cmp::Reverse(d), w));
-            memo.remember(keys, runs, found.map(|len| (len, hint.as_slice())));
+            if remembers {
+                runs.sort_unstable_by_key(|&(d, w, _)| (std::cmp::Reverse(d), w));
+                memo.remember(keys, runs, found.map(|len| (len, hint.as_slice())));
+            }
             emit(first, depth)
         })
     }
