@@ -6,7 +6,10 @@
 //!   cache, else route_key then attach) → block keys and lengths (Router::request)
 //!   → fleet snapshot and policy (Router::decide_on: the whole fleet, or a large fleet's
 //!   candidate set) → booking + load guard (Worker::acquire_booked)
-//!   → record in the indexes (Router::record)
+//!   [the request leaves for its worker here: the decision ends]
+//!   → after the worker's response head, as io's exchange does it: the request's chat-prefix
+//!     entries cached (ChatInsert::apply) and the decision recorded in the indexes
+//!     (Router::record)
 //! ```
 //!
 //! For each chat size `S` of [`SIZES`] tokens and each policy of [`policies`],
@@ -64,8 +67,12 @@ pub fn policies() -> [PolicyKind; 2] {
     [defaults::POLICY, PolicyKind::CacheAware]
 }
 
-/// The stages of one decision, in order (report keys).
-pub(crate) const STAGES: [&str; 5] = ["parse_tokenize", "facts", "decide", "book", "record"];
+/// The stages of one decision, in order (report keys): the first four are the decision the
+/// request waits on; `after_head` (the chat-prefix entries cached and the decision recorded)
+/// runs after the request has left, as `kvroute serve` runs it, and is not in the whole.
+pub(crate) const STAGES: [&str; 5] = ["parse_tokenize", "facts", "decide", "book", "after_head"];
+/// Stages of [`STAGES`] the request waits on (the whole decision).
+pub(crate) const DECISION_STAGES: usize = 4;
 
 /// The body of turn `turn` (1-based) of conversation `conv` in a chat of `size` tokens.
 fn chat_body(words: &WordIds, system: &str, conv: u64, turn: usize, size: usize) -> Vec<u8> {
@@ -103,7 +110,8 @@ pub(crate) struct Timed {
     pub reused_tokens: usize,
     /// ns per stage, in [`STAGES`] order (each ≥ 1).
     pub stages: [u64; 5],
-    /// ns of the whole decision (≥ 1).
+    /// ns of the whole decision (≥ 1): from the body's last read until the request could
+    /// leave, the first [`DECISION_STAGES`] stages.
     pub whole: u64,
     /// ns the prefix scan of the reads before the last took, while the body arrived (not in
     /// `whole`).
@@ -112,11 +120,14 @@ pub(crate) struct Timed {
 
 /// Routes chat `body` as the gateway does, at virtual time `seq` ms: parse and tokenize,
 /// facts, fleet snapshot and policy, book (a load guard, released right after its first
-/// token), record. Shared by `bench decision` and `bench fleet`.
+/// token); then what the gateway does once the request has left (`after_head`: the chat-prefix
+/// entries cached, the decision recorded). Shared by `bench decision` and `bench fleet`.
 ///
 /// Timed from the body's last read, as the gateway's decision starts: the reads before it
 /// (all but the last [`defaults::MIN_READ_BYTES`]) were scanned for cached chat prefixes as
 /// they came ([`PrefixScanner`]), untimed here and reported apart ([`Timed::early_scan`]).
+/// The whole ends where the gateway sends the request (io's `exchange::attempts`), before
+/// `after_head`.
 ///
 /// # Errors
 /// The body does not parse, the chat template fails, or the policy picks no worker.
@@ -139,7 +150,7 @@ pub(crate) fn timed_decision(
     let early_scan = early.elapsed().as_nanos() as u64;
     let start = Instant::now();
     let mut t = start;
-    let (key, attached) =
+    let (key, mut attached) =
         tokenizers.route_scanned(Endpoint::ChatCompletions, body, None, &|_| true, scan)?;
     if let Some(e) = attached.prompt_error {
         return Err(format!("the chat template failed: {e}").into());
@@ -158,16 +169,21 @@ pub(crate) fn timed_decision(
         .ok_or("no such worker")?;
     let guard = worker.acquire_booked(booking, now as f64);
     let book = ns_since(&mut t);
-    router.record(&key, &decision, now);
-    let record = ns_since(&mut t);
     let whole = (start.elapsed().as_nanos() as u64).max(1);
+    // The request has left: what io's exchange does after the worker's response head.
+    let mut t = Instant::now();
+    if let Some(insert) = attached.chat_insert.take() {
+        insert.apply();
+    }
+    router.record(&key, &decision, now);
+    let after_head = ns_since(&mut t);
     guard.first_token(now as f64);
     drop(guard);
     drop(facts);
     Ok(Timed {
         reused_tokens: attached.reused_tokens,
         key,
-        stages: [tokenize, facts_ns, decide, book, record],
+        stages: [tokenize, facts_ns, decide, book, after_head],
         whole,
         early_scan,
     })

@@ -45,7 +45,7 @@
 use crate::CoreError;
 use crate::ids::TokenIds;
 use crate::route_key::{Endpoint, Messages, RouteKey, TokenSource, key_from_fields, parse_fields};
-use crate::tokens::{BlockKeyMemo, BlockKeys, ShardTokenizers};
+use crate::tokens::{Attached, BlockKeyMemo, BlockKeys, ShardTokenizers};
 use kvroute_tokenize::native::{self, PlainMessage, RenderOptions};
 use kvroute_tokenize::{IncrementalTokenizer, TokenizeError};
 use std::collections::{BTreeMap, HashMap};
@@ -260,13 +260,16 @@ impl ChatCache {
         None
     }
 
-    fn insert(&mut self, hash: u128, p: Prefix) {
+    /// Caches `p` under `hash`, evicting the least recently used entries beyond the budget
+    /// into `evicted` (the caller drops them once the lock is released).
+    fn insert(&mut self, hash: u128, p: Prefix, evicted: &mut Vec<Arc<Prefix>>) {
         if self.budget == 0 || p.cost() > self.budget {
             return;
         }
         if let Some((old, tick)) = self.entries.remove(&hash) {
             self.order.remove(&tick);
             self.held -= old.cost();
+            evicted.push(old);
         }
         self.held += p.cost();
         self.order.insert(self.next_tick, hash);
@@ -278,6 +281,7 @@ impl ChatCache {
             };
             if let Some((old, _)) = self.entries.remove(&h) {
                 self.held -= old.cost();
+                evicted.push(old);
             }
         }
     }
@@ -617,14 +621,15 @@ impl ShardTokenizers {
     /// is out of scope; the caller then takes the full path, which parses again and reports
     /// errors. `tokenize(model)` says whether the request is to be tokenized at all (a known
     /// model); when it says no, the key is returned in text mode. Else the key carries its
-    /// ids and no text, and the second value is the prefix tokens reused.
+    /// ids and no text, and [`Attached`] has the prefix tokens reused and the request's own
+    /// entries, to be applied once it has left ([`ChatInsert`]).
     /// `cands` are [`candidates`] of `body`.
     pub(crate) fn route_cached(
         &mut self,
         body: &[u8],
         cands: &[(usize, u128)],
         tokenize: &dyn Fn(&str) -> bool,
-    ) -> Option<Result<(RouteKey, usize), CoreError>> {
+    ) -> Option<Result<(RouteKey, Attached), CoreError>> {
         let prefix = lock(&self.chat).lookup(cands)?;
         let layout = scan_rest(body, prefix.bytes, prefix.key)?;
         let others = other_fields(body, &layout);
@@ -660,7 +665,7 @@ impl ShardTokenizers {
         };
         if !tokenize(&key.model) {
             key.text = whole_text(&new_text);
-            return Some(Ok((key, 0)));
+            return Some(Ok((key, Attached::default())));
         }
         let chat = Arc::clone(&self.chat);
         let t = native(self.for_model(&key.model))?;
@@ -705,22 +710,27 @@ impl ShardTokenizers {
             ids,
             text: Chain::extend(&prefix.text, prefix.text_len, new_text),
         };
-        insert(&chat, body, cands, &b, first, cached);
-        Some(Ok((key, prefix.ids.len())))
+        let attached = Attached {
+            reused_tokens: prefix.ids.len(),
+            chat_insert: Some(entries(&chat, body, cands, &b, first, cached)),
+            ..Attached::default()
+        };
+        Some(Ok((key, attached)))
     }
 
     /// The miss path for a chat `body` that `key` was parsed from (by
     /// [`crate::route_key::route_key`], so the body is valid): the template text rendered
     /// message by message, the whole prompt through the incremental tokenizer (as
     /// [`ShardTokenizers::attach`] does), and the last message ends cached (see
-    /// [`MAX_SUFFIX_BYTES`]). Returns the tokens reused, or `None` when out of scope (the caller
+    /// [`MAX_SUFFIX_BYTES`]). Returns the tokens reused and the request's entries, to be
+    /// applied once it has left ([`ChatInsert`]), or `None` when out of scope (the caller
     /// then renders through the chat template as before). `cands` are [`candidates`] of `body`.
     pub(crate) fn route_miss(
         &mut self,
         body: &[u8],
         cands: &[(usize, u128)],
         key: &mut RouteKey,
-    ) -> Option<Result<usize, TokenizeError>> {
+    ) -> Option<Result<(usize, ChatInsert), TokenizeError>> {
         let layout = scan_body(body)?;
         let others = other_fields(body, &layout);
         let parsed = parse_in_scope(body, &layout, &others)?;
@@ -788,8 +798,7 @@ impl ShardTokenizers {
             ids,
             text: Chain::root(text),
         };
-        insert(&chat, body, cands, &b, 0, cached);
-        Some(Ok(reused))
+        Some(Ok((reused, entries(&chat, body, cands, &b, 0, cached))))
     }
 }
 
@@ -870,21 +879,19 @@ fn flatten(
     last_query
 }
 
-/// Caches the last [`ENTRIES_PER_REQUEST`] message ends of `b` (boundary `j` is the end of
-/// message `first + j`), except one ending with a wrapped message. Hashes come from `cands`
-/// ([`candidates`] of `body`) where they are there.
-fn insert(
+/// The entries of the last [`ENTRIES_PER_REQUEST`] message ends of `b` (boundary `j` is the
+/// end of message `first + j`), except one ending with a wrapped message, to be cached by
+/// [`ChatInsert::apply`]. Hashes come from `cands` ([`candidates`] of `body`) where they are
+/// there.
+fn entries(
     cache: &SharedChatCache,
     body: &[u8],
     cands: &[(usize, u128)],
     b: &Boundaries,
     first: usize,
     c: Cached,
-) {
+) -> ChatInsert {
     let n = b.body_end.len();
-    if n == 0 {
-        return;
-    }
     debug_assert!(b.tokens.iter().all(|&t| t <= c.ids.len()));
     debug_assert!(b.text_len.iter().all(|&t| t <= c.text.len()));
     let text = Arc::new(c.text);
@@ -912,9 +919,53 @@ fn insert(
         };
         out.push((hash, p));
     }
-    let mut cache = lock(cache);
-    for (h, p) in out {
-        cache.insert(h, p);
+    ChatInsert {
+        cache: Arc::clone(cache),
+        entries: out,
+    }
+}
+
+/// A routed request's chat-prefix entries (the state after each of its last messages, what
+/// its next turn reuses), made while it was tokenized and cached only by [`Self::apply`].
+///
+/// Why apart: the inserts (the shared cache's lock, its LRU bookkeeping, and the evictions
+/// they cause, which free whole conversations' buffers) are none of this request's business,
+/// only its next turn's, and that turn comes after this one's answer. So a gateway applies
+/// them once the request has left for its worker, off the path the request waits on, as it
+/// records the routing decision ([`crate::policy::Router::record`]).
+/// Dropping it unapplied loses nothing but the entries (the next turn then tokenizes its
+/// whole conversation again).
+#[must_use = "a chat insert caches nothing until it is applied"]
+#[derive(Debug)]
+pub struct ChatInsert {
+    cache: SharedChatCache,
+    entries: Vec<(u128, Prefix)>,
+}
+
+impl ChatInsert {
+    /// Caches the entries (least recently used ones make room, [`ChatCache`]). The entries
+    /// they evict are freed after the cache's lock is released.
+    pub fn apply(self) {
+        if self.entries.is_empty() {
+            return;
+        }
+        let mut evicted = Vec::new();
+        let mut cache = lock(&self.cache);
+        for (h, p) in self.entries {
+            cache.insert(h, p, &mut evicted);
+        }
+        drop(cache);
+        drop(evicted);
+    }
+
+    /// Message ends it caches (0 for a request none of whose ends can be reused).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when it caches nothing.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
     }
 }
 
@@ -1086,6 +1137,44 @@ mod tests {
         assert!(!k2b.input_ids.as_ref().unwrap().shares_buffer(ids1));
         assert_eq!((k2b, false), reference(&mut r, &b2b).unwrap());
         assert_eq!((k2, false), reference(&mut r, &b2).unwrap());
+    }
+
+    #[test]
+    fn a_turns_entries_are_cached_only_when_applied() {
+        let mut s = shard(1 << 20);
+        let sys = json!({"role": "system", "content": "Be brief."});
+        let q1 = json!({"role": "user", "content": "Hi"});
+        let a = json!({"role": "assistant", "content": "Hello!"});
+        let q2 = json!({"role": "user", "content": "2+2?"});
+        let b1 = serde_json::to_vec(&json!({"messages": [sys, q1], "model": "m"})).unwrap();
+        let b2 = serde_json::to_vec(&json!({"messages": [sys, q1, a, q2], "model": "m"})).unwrap();
+        let route = |s: &mut ShardTokenizers, b: &[u8]| {
+            s.route_scanned(Endpoint::ChatCompletions, b, None, &|_| true, None)
+                .unwrap()
+        };
+        // Turn 1 (a miss) makes one entry per message end, none cached yet.
+        let (_, mut a1) = route(&mut s, &b1);
+        let insert = a1
+            .chat_insert
+            .take()
+            .expect("a chat in scope makes entries");
+        assert_eq!(insert.len(), 2);
+        let held = lock(&s.chat).held();
+        assert_eq!((held, stats(&s)), (0, (0, 1)));
+        // Turn 2 before them: a miss, and its own entries are not cached either.
+        let (k2_early, a2_early) = route(&mut s, &b2);
+        assert_eq!(stats(&s), (0, 2));
+        assert_eq!(a2_early.chat_insert.map(|i| i.len()), Some(3));
+        insert.apply();
+        lock(&s.chat).check().unwrap();
+        // After them: turn 2 reuses both of turn 1's messages, with the same key.
+        let (k2, a2) = route(&mut s, &b2);
+        assert_eq!(stats(&s), (1, 2));
+        let turn1 = qwen()
+            .encode("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+        assert_eq!(a2.reused_tokens, turn1.len());
+        assert_eq!(k2.input_ids.as_ref().unwrap()[..turn1.len()], turn1[..]);
+        assert_eq!(k2, k2_early);
     }
 
     #[test]

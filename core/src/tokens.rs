@@ -17,7 +17,7 @@
 //! cache is shared between cores.
 
 use crate::CoreError;
-use crate::chat_prefix::{ChatCache, PrefixScanner, SharedChatCache, candidates};
+use crate::chat_prefix::{ChatCache, ChatInsert, PrefixScanner, SharedChatCache, candidates};
 use crate::config::Config;
 use crate::ids::BlockKeySeq;
 use crate::route_key::{Endpoint, RouteKey, TokenSource, route_key};
@@ -272,6 +272,10 @@ pub struct Attached {
     /// Rendering or tokenizing the prompt failed; the key stays in text mode. The engine
     /// will judge the request itself.
     pub prompt_error: Option<TokenizeError>,
+    /// The chat-prefix entries this request makes for its next turn, left for the caller to
+    /// apply once the request has left for its worker ([`ShardTokenizers::route_scanned`];
+    /// [`ShardTokenizers::route`] applies them itself).
+    pub chat_insert: Option<ChatInsert>,
 }
 
 /// One shard's tokenizers and prefix caches. Not shared: lives in the shard's runtime.
@@ -320,7 +324,11 @@ impl ShardTokenizers {
         header: Option<&[u8]>,
         tokenize: &dyn Fn(&str) -> bool,
     ) -> Result<(RouteKey, Attached), CoreError> {
-        self.route_scanned(endpoint, body, header, tokenize, None)
+        let (key, mut attached) = self.route_scanned(endpoint, body, header, tokenize, None)?;
+        if let Some(insert) = attached.chat_insert.take() {
+            insert.apply();
+        }
+        Ok((key, attached))
     }
 
     /// True when [`Self::route`] of a body for `endpoint` scans it for cached chat prefixes
@@ -333,7 +341,9 @@ impl ShardTokenizers {
     }
 
     /// [`Self::route`], with the prefix scan of `body` done as far as `scanner` was fed
-    /// (`None`: all of it here). The answer is the same either way.
+    /// (`None`: all of it here), and the chat-prefix entries of the request left in
+    /// [`Attached::chat_insert`] for the caller to apply once the request has left (the next
+    /// turn needs them, this request does not). The answer is the same either way.
     ///
     /// # Errors
     /// [`route_key`]'s, for a body it refuses.
@@ -353,12 +363,7 @@ impl ShardTokenizers {
             None => candidates(body),
         };
         if chat && let Some(r) = self.route_cached(body, &cands, tokenize) {
-            let (key, reused_tokens) = r?;
-            let attached = Attached {
-                reused_tokens,
-                ..Attached::default()
-            };
-            return Ok((key, attached));
+            return r;
         }
         let mut key = route_key(endpoint, body)?;
         if !tokenize(&key.model) {
@@ -370,7 +375,10 @@ impl ShardTokenizers {
         {
             let mut attached = Attached::default();
             match r {
-                Ok(reused) => attached.reused_tokens = reused,
+                Ok((reused, insert)) => {
+                    attached.reused_tokens = reused;
+                    attached.chat_insert = Some(insert);
+                }
                 Err(e) => attached.prompt_error = Some(e),
             }
             return Ok((key, attached));

@@ -28,7 +28,7 @@ use crate::record::Record;
 use crate::relay::{self, RelayEnd};
 use crate::state::Shared;
 use crate::upstream::{self, Pool};
-use kvroute_core::chat_prefix::PrefixScanner;
+use kvroute_core::chat_prefix::{ChatInsert, PrefixScanner};
 use kvroute_core::config::defaults;
 use kvroute_core::health::{Outcome, is_retryable_status};
 use kvroute_core::metrics::Format;
@@ -334,7 +334,9 @@ fn models_json(shared: &Shared, id: Option<&str>) -> Option<Vec<u8>> {
 /// token ids from the body, the `x-kvroute-routing-tokens` header, or this shard's tokenizer
 /// (see `kvroute_core::tokens`). A request `proxy` is about to refuse (no model, unknown
 /// model) is not tokenized. Tokenizing never fails the request: an ignored header or a
-/// prompt the template cannot render is counted and routing stays in text mode.
+/// prompt the template cannot render is counted and routing stays in text mode. Also
+/// returns the request's chat-prefix entries, for [`proxy`] to apply once the request has
+/// left ([`ChatInsert`]).
 ///
 /// # Errors
 /// The body's, as `route_key` reports them (a 400).
@@ -343,7 +345,7 @@ fn parse_and_tokenize(
     endpoint: Endpoint,
     req: &Request,
     scan: Option<Box<PrefixScanner>>,
-) -> Result<RouteKey, kvroute_core::CoreError> {
+) -> Result<(RouteKey, Option<ChatInsert>), kvroute_core::CoreError> {
     let shared = &ctx.shared;
     let header = req.header(ROUTING_TOKENS_HEADER);
     let accepted = |model: &str| {
@@ -357,7 +359,7 @@ fn parse_and_tokenize(
         scan.map(|s| *s),
     )?;
     if !accepted(&key.model) {
-        return Ok(key);
+        return Ok((key, None));
     }
     if let Some(why) = attached.header_rejected {
         shared.metrics.on_routing_tokens_rejected(why.as_str());
@@ -378,7 +380,7 @@ fn parse_and_tokenize(
     {
         keys.push(key.clone());
     }
-    Ok(key)
+    Ok((key, attached.chat_insert))
 }
 
 /// A request committed to a worker: its first response bytes have arrived.
@@ -594,8 +596,8 @@ async fn proxy(
     extra: &[HeaderLine<'_>],
 ) {
     let shared = &ctx.shared;
-    let mut key = match parse_and_tokenize(ctx, endpoint, req, scan) {
-        Ok(key) => key,
+    let (mut key, chat_insert) = match parse_and_tokenize(ctx, endpoint, req, scan) {
+        Ok(parsed) => parsed,
         Err(e) => {
             shared.metrics.on_bad_request(e.kind());
             rec.error = Some("bad_request");
@@ -628,7 +630,13 @@ async fn proxy(
         key: &key,
         seq,
     };
-    let c = match attempts(ctx, &job, &mut tried, rec, sink).await {
+    let attempted = attempts(ctx, &job, &mut tried, rec, sink).await;
+    // The request has left (or will not): its chat-prefix entries serve its next turn, which
+    // comes after this answer, so they were kept off the path it waited on.
+    if let Some(insert) = chat_insert {
+        insert.apply();
+    }
+    let c = match attempted {
         Ok(c) => c,
         Err(Stop::ClientGone) => {
             rec.error = Some("client_gone");
