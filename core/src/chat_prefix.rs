@@ -596,15 +596,51 @@ struct Parsed<'a> {
     opts: RenderOptions,
 }
 
-/// Parses the messages `l.elems` of `b` and the other fields (`None`: out of scope).
-fn parse_in_scope<'a>(b: &'a [u8], l: &Layout, others: &[u8]) -> Option<Parsed<'a>> {
-    let opts = RenderOptions::parse(others)?;
+/// Parses the messages `l.elems` of `b` (`None`: out of scope), with `opts` the body's.
+fn parse_in_scope<'a>(b: &'a [u8], l: &Layout, opts: RenderOptions) -> Option<Parsed<'a>> {
     let msgs = l
         .elems
         .iter()
         .map(|&(s, e)| PlainMessage::parse(&b[s..e]))
         .collect::<Option<Vec<_>>>()?;
     Some(Parsed { msgs, opts })
+}
+
+/// Other-fields objects ([`other_fields`]) a shard remembers, with what they parse to.
+pub(crate) const OTHERS_MEMO: usize = 8;
+
+/// The last [`OTHERS_MEMO`] other-fields objects a shard parsed on the hit path, each with
+/// its render options and the key its fields make (`messages` aside), replaced round robin.
+///
+/// Why: a chat client sends the same fields besides `messages` every turn (model, sampling
+/// parameters), and parsing them twice per turn (the render options, then the key's fields)
+/// cost ~1.7 µs of a 4,096-worker × 32k-token decision, on serde code the body's scan had
+/// made cold (perf/runs/2026-12-07-others-memo). Exact: both parses are functions of the
+/// bytes alone, which are compared whole.
+#[derive(Debug, Default)]
+pub(crate) struct OthersMemo {
+    slots: Vec<(Box<[u8]>, RenderOptions, RouteKey)>,
+    next: usize,
+}
+
+impl OthersMemo {
+    /// The options and key of `others`, if remembered.
+    fn get(&self, others: &[u8]) -> Option<(RenderOptions, RouteKey)> {
+        self.slots
+            .iter()
+            .find(|(b, _, _)| **b == *others)
+            .map(|(_, o, k)| (*o, k.clone()))
+    }
+
+    fn put(&mut self, others: &[u8], opts: RenderOptions, key: &RouteKey) {
+        let slot = (Box::from(others), opts, key.clone());
+        if self.slots.len() < OTHERS_MEMO {
+            self.slots.push(slot);
+        } else {
+            self.slots[self.next] = slot;
+            self.next = (self.next + 1) % OTHERS_MEMO;
+        }
+    }
 }
 
 /// The model's tokenizer when its chat template is rendered natively.
@@ -633,11 +669,29 @@ impl ShardTokenizers {
         let prefix = lock(&self.chat).lookup(cands)?;
         let layout = scan_rest(body, prefix.bytes, prefix.key)?;
         let others = other_fields(body, &layout);
-        let parsed = parse_in_scope(body, &layout, &others)?;
+        let memo = self.others.get(&others);
+        let opts = match &memo {
+            Some((opts, _)) => *opts,
+            None => RenderOptions::parse(&others)?,
+        };
+        let parsed = parse_in_scope(body, &layout, opts)?;
         if parsed.msgs.is_empty() && prefix.last_wrappable {
             return None;
         }
-        let mut fields = parse_fields(&others).ok()?;
+        let mut key = match memo {
+            Some((_, key)) => key,
+            None => {
+                let mut fields = parse_fields(&others).ok()?;
+                fields.messages = Some(Messages::List(String::new(), Vec::new()));
+                match key_from_fields(Endpoint::ChatCompletions, fields) {
+                    Ok(key) => {
+                        self.others.put(&others, opts, &key);
+                        key
+                    }
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        };
         // The new messages' routing text only: a key that gets ids carries no text, so the
         // cached text is copied out only for a key left in text mode.
         let mut new_text = String::with_capacity(body.len() - prefix.bytes);
@@ -652,11 +706,6 @@ impl ShardTokenizers {
             (prefix.text_len, Some(&mut new_text)),
             &mut b,
         );
-        fields.messages = Some(Messages::List(String::new(), Vec::new()));
-        let mut key = match key_from_fields(Endpoint::ChatCompletions, fields) {
-            Ok(k) => k,
-            Err(e) => return Some(Err(e)),
-        };
         let whole_text = |new: &str| {
             let mut text = String::with_capacity(prefix.text_len + new.len());
             prefix.text.push_head(prefix.text_len, &mut text);
@@ -733,7 +782,7 @@ impl ShardTokenizers {
     ) -> Option<Result<(usize, ChatInsert), TokenizeError>> {
         let layout = scan_body(body)?;
         let others = other_fields(body, &layout);
-        let parsed = parse_in_scope(body, &layout, &others)?;
+        let parsed = parse_in_scope(body, &layout, RenderOptions::parse(&others)?)?;
         let count = parsed.msgs.len();
         if count == 0 {
             return None;
@@ -1175,6 +1224,56 @@ mod tests {
         assert_eq!(a2.reused_tokens, turn1.len());
         assert_eq!(k2.input_ids.as_ref().unwrap()[..turn1.len()], turn1[..]);
         assert_eq!(k2, k2_early);
+    }
+
+    #[test]
+    fn remembered_other_fields_give_each_body_its_own_key() {
+        let (mut s, mut r) = (shard(1 << 20), shard(0));
+        // Ten conversations whose fields besides `messages` differ (model, stream, salt),
+        // more than the memo holds, each routed over three turns, interleaved.
+        let others = |c: usize| {
+            let (model, salt) = (format!("m{}", c % 5), format!("s{c}"));
+            json!({"model": model, "stream": c.is_multiple_of(2), "cache_salt": salt})
+        };
+        let body = |c: usize, turns: usize| {
+            let mut v = others(c);
+            let mut messages =
+                vec![json!({"role": "user", "content": format!("conversation {c}")})];
+            for t in 1..turns {
+                messages.push(json!({"role": "assistant", "content": format!("reply {t}")}));
+                messages.push(json!({"role": "user", "content": format!("question {t}")}));
+            }
+            v["messages"] = Value::Array(messages);
+            serde_json::to_vec(&v).unwrap()
+        };
+        for turns in 1..=3 {
+            for c in 0..10 {
+                let b = body(c, turns);
+                let (k, _) = routed(&mut s, &b).unwrap();
+                assert_eq!((k, false), reference(&mut r, &b).unwrap(), "{c} {turns}");
+            }
+        }
+        assert_eq!(stats(&s), (20, 10));
+        assert_eq!(s.others.slots.len(), OTHERS_MEMO);
+        // A remembered object answers for the same bytes only: the same fields spaced
+        // otherwise (after `messages`, so the cached prefix still applies) parse again, to
+        // the same key.
+        let b = body(9, 4);
+        let (k, _) = routed(&mut s, &b).unwrap();
+        assert_eq!(k.model, "m4");
+        let spaced = String::from_utf8(b.clone())
+            .unwrap()
+            .replace("\"model\":\"m4\"", "\"model\": \"m4\"");
+        assert_ne!(spaced.as_bytes(), &b[..]);
+        let before = s.others.slots.clone();
+        let (k2, _) = routed(&mut s, spaced.as_bytes()).unwrap();
+        assert_eq!(stats(&s), (22, 10));
+        assert_ne!(s.others.slots, before);
+        assert_eq!(
+            (k2.clone(), false),
+            reference(&mut r, spaced.as_bytes()).unwrap()
+        );
+        assert_eq!(k2, k);
     }
 
     #[test]

@@ -17,7 +17,9 @@
 //! cache is shared between cores.
 
 use crate::CoreError;
-use crate::chat_prefix::{ChatCache, ChatInsert, PrefixScanner, SharedChatCache, candidates};
+use crate::chat_prefix::{
+    ChatCache, ChatInsert, OthersMemo, PrefixScanner, SharedChatCache, candidates,
+};
 use crate::config::Config;
 use crate::ids::BlockKeySeq;
 use crate::route_key::{Endpoint, RouteKey, TokenSource, route_key};
@@ -162,6 +164,7 @@ impl Tokenizers {
                 .map(|(m, t, c)| (m.clone(), inc(t, c)))
                 .collect(),
             chat: Arc::clone(&self.chat),
+            others: OthersMemo::default(),
         }
     }
 }
@@ -285,6 +288,8 @@ pub struct ShardTokenizers {
     by_model: HashMap<String, IncrementalTokenizer>,
     /// The chat prefix cache of every model, shared by the shards ([`crate::chat_prefix`]).
     pub(crate) chat: SharedChatCache,
+    /// The other fields of the shard's recent chat bodies, parsed.
+    pub(crate) others: OthersMemo,
 }
 
 impl ShardTokenizers {
