@@ -632,6 +632,7 @@ impl OthersMemo {
             .map(|(_, o, k)| (*o, k.clone()))
     }
 
+    /// Remembers `others` with its options and key, in place of the oldest when full.
     fn put(&mut self, others: &[u8], opts: RenderOptions, key: &RouteKey) {
         let slot = (Box::from(others), opts, key.clone());
         if self.slots.len() < OTHERS_MEMO {
