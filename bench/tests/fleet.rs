@@ -47,6 +47,14 @@ fn short_fleet_reports_real_values() {
         ids["max_ns"].as_f64().unwrap(),
     );
     assert!(ids_p50 > 0.0 && ids_p50 <= p50 && ids_max <= max, "{ids}");
+    // What the gateway does after the worker's response head (the turn's chat-prefix
+    // inserts, the record) is timed as its own stage, outside the whole: every turn has one.
+    let after_head = report["stages_p50_ns"]["after_head"].as_u64();
+    assert!(
+        after_head.is_some_and(|ns| ns > 0),
+        "{}",
+        report["stages_p50_ns"]
+    );
     // Every decision matched the whole fleet on the shared system prompt and its group on
     // the document: the event index answered, with all 512 workers.
     assert!(
