@@ -717,7 +717,6 @@ impl ShardTokenizers {
             key.text = whole_text(&new_text);
             return Some(Ok((key, Attached::default())));
         }
-        let chat = Arc::clone(&self.chat);
         let t = native(self.for_model(&key.model))?;
         if t.cache_id() != prefix.tokenizer {
             return None;
@@ -762,7 +761,7 @@ impl ShardTokenizers {
         };
         let attached = Attached {
             reused_tokens: prefix.ids.len(),
-            chat_insert: Some(entries(&chat, body, cands, &b, first, cached)),
+            chat_insert: entries(&self.chat, body, cands, &b, first, cached),
             ..Attached::default()
         };
         Some(Ok((key, attached)))
@@ -780,7 +779,7 @@ impl ShardTokenizers {
         body: &[u8],
         cands: &[(usize, u128)],
         key: &mut RouteKey,
-    ) -> Option<Result<(usize, ChatInsert), TokenizeError>> {
+    ) -> Option<Result<(usize, Option<ChatInsert>), TokenizeError>> {
         let layout = scan_body(body)?;
         let others = other_fields(body, &layout);
         let parsed = parse_in_scope(body, &layout, RenderOptions::parse(&others)?)?;
@@ -788,7 +787,6 @@ impl ShardTokenizers {
         if count == 0 {
             return None;
         }
-        let chat = Arc::clone(&self.chat);
         let t = native(self.for_model(&key.model))?;
         let mut b = Boundaries::default();
         let last_query_all = flatten(&parsed, &layout, 0, None, (0, None), &mut b);
@@ -848,7 +846,10 @@ impl ShardTokenizers {
             ids,
             text: Chain::root(text),
         };
-        Some(Ok((reused, entries(&chat, body, cands, &b, 0, cached))))
+        Some(Ok((
+            reused,
+            entries(&self.chat, body, cands, &b, 0, cached),
+        )))
     }
 }
 
@@ -931,8 +932,8 @@ fn flatten(
 
 /// The entries of the last [`ENTRIES_PER_REQUEST`] message ends of `b` (boundary `j` is the
 /// end of message `first + j`), except one ending with a wrapped message, to be cached by
-/// [`ChatInsert::apply`]. Hashes come from `cands` ([`candidates`] of `body`) where they are
-/// there.
+/// [`ChatInsert::apply`] (`None` when there are none: a body whose messages were all
+/// cached). Hashes come from `cands` ([`candidates`] of `body`) where they are there.
 fn entries(
     cache: &SharedChatCache,
     body: &[u8],
@@ -940,7 +941,7 @@ fn entries(
     b: &Boundaries,
     first: usize,
     c: Cached,
-) -> ChatInsert {
+) -> Option<ChatInsert> {
     let n = b.body_end.len();
     debug_assert!(b.tokens.iter().all(|&t| t <= c.ids.len()));
     debug_assert!(b.text_len.iter().all(|&t| t <= c.text.len()));
@@ -969,10 +970,10 @@ fn entries(
         };
         out.push((hash, p));
     }
-    ChatInsert {
+    (!out.is_empty()).then(|| ChatInsert {
         cache: Arc::clone(cache),
         entries: out,
-    }
+    })
 }
 
 /// A routed request's chat-prefix entries (the state after each of its last messages, what
@@ -996,9 +997,6 @@ impl ChatInsert {
     /// Caches the entries (least recently used ones make room, [`ChatCache`]). The entries
     /// they evict are freed after the cache's lock is released.
     pub fn apply(self) {
-        if self.entries.is_empty() {
-            return;
-        }
         let mut evicted = Vec::new();
         let mut cache = lock(&self.cache);
         for (h, p) in self.entries {
@@ -1008,7 +1006,7 @@ impl ChatInsert {
         drop(evicted);
     }
 
-    /// Message ends it caches (0 for a request none of whose ends can be reused).
+    /// Message ends it caches (at least 1: a request with none has no `ChatInsert`).
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -1225,6 +1223,13 @@ mod tests {
         assert_eq!(a2.reused_tokens, turn1.len());
         assert_eq!(k2.input_ids.as_ref().unwrap()[..turn1.len()], turn1[..]);
         assert_eq!(k2, k2_early);
+        // Once turn 2's own entries are in, the same body again is all cached: nothing to
+        // insert, so no `ChatInsert` (and no reference to the shared cache) is made.
+        a2.chat_insert.expect("turn 2 had new messages").apply();
+        let (k2_again, a2_again) = route(&mut s, &b2);
+        assert_eq!(stats(&s), (2, 2));
+        assert!(a2_again.chat_insert.is_none());
+        assert_eq!(k2_again, k2);
     }
 
     #[test]

@@ -382,7 +382,7 @@ impl ShardTokenizers {
             match r {
                 Ok((reused, insert)) => {
                     attached.reused_tokens = reused;
-                    attached.chat_insert = Some(insert);
+                    attached.chat_insert = insert;
                 }
                 Err(e) => attached.prompt_error = Some(e),
             }
