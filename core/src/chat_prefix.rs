@@ -1007,13 +1007,9 @@ impl ChatInsert {
     }
 
     /// Message ends it caches (at least 1: a request with none has no `ChatInsert`).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.entries.len()
-    }
-
-    /// True when it caches nothing.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 }
 

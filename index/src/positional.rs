@@ -1043,7 +1043,7 @@ impl EventIndex {
                 return Overlap::default();
             }
             if remembers {
-                runs.sort_unstable_by_key(|&(d, w, _)| (std::cmp::Reverse(d), w));
+                deepest_first(runs);
                 memo.remember(keys, runs, found.map(|len| (len, hint.as_slice())));
             }
             emit(first, depth)
@@ -1100,8 +1100,7 @@ impl EventIndex {
             d.runs.clear();
             return d;
         }
-        d.runs
-            .sort_unstable_by_key(|&(depth, w, _)| (std::cmp::Reverse(depth), w));
+        deepest_first(&mut d.runs);
         d.runs.dedup_by(|later, earlier| {
             let same = (later.0, later.1) == (earlier.0, earlier.1);
             if same {
@@ -1233,6 +1232,11 @@ impl EventIndex {
 /// A run of [`Depths::runs`]: `(blocks, word, workers)`.
 type Run = (u32, u32, u64);
 
+/// Sorts runs in [`Depths::runs`]' order: deepest first, then by word.
+fn deepest_first(runs: &mut [Run]) {
+    runs.sort_unstable_by_key(|&(blocks, w, _)| (std::cmp::Reverse(blocks), w));
+}
+
 /// Per-thread scratch of [`EventIndex::find_matches`] and [`EventIndex::find_depths`]:
 /// bitsets, per-worker depths, and runs.
 #[derive(Default)]
@@ -1260,9 +1264,9 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
 /// the engines' usual 16-token blocks), so that a next turn adding fewer than
 /// [`MEMO_LOOKBACK`] × 16 blocks finds it.
 pub const MEMO_STRIDE: usize = 16;
-/// Remembered lengths a query looks for below its own (each one hash and a compare): a
-/// turn adding up to 8 × 16 blocks (2,048 tokens; Mooncake's conversation turns add a few
-/// hundred) finds the previous turn's answer. Each look is a hash, a try-lock and a compare.
+/// Remembered lengths a query looks for below its own (each look a hash, a try-lock and a
+/// compare): a turn adding up to 8 × 16 blocks (2,048 tokens; Mooncake's conversation turns
+/// add a few hundred) finds the previous turn's answer.
 pub const MEMO_LOOKBACK: usize = 8;
 
 /// Answers an index remembers, direct-mapped by their last key: conversations in flight
