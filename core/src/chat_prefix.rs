@@ -729,13 +729,13 @@ impl ShardTokenizers {
             rendered.clear();
             let wrapped = native::think_wrapped(m, first + j, count, last_query);
             native::render_message(&mut rendered, m, wrapped);
-            new_ids.extend(t.tokenizer().try_encode(&rendered).ok()?);
+            t.tokenizer().encode_into(&rendered, &mut new_ids).ok()?;
             b.push_tokens(prefix.ids.len() + new_ids.len(), wrapped);
         }
         rendered.clear();
         native::render_generation(&mut rendered, parsed.opts);
         if !rendered.is_empty() {
-            new_ids.extend(t.tokenizer().try_encode(&rendered).ok()?);
+            t.tokenizer().encode_into(&rendered, &mut new_ids).ok()?;
         }
         let slot = Arc::new(OnceLock::new());
         let reuse = prefix

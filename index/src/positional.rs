@@ -1084,7 +1084,8 @@ impl EventIndex {
         let nw = self.table.words();
         let mut d = Depths {
             first: vec![0; nw],
-            runs: Vec::new(),
+            // Room for the hint's runs and a few that moved, so the answer rarely regrows.
+            runs: Vec::with_capacity(hint.map_or(0, <[Run]>::len) + 16),
             by_word: Vec::new(),
             word_start: Vec::new(),
         };
@@ -1108,20 +1109,24 @@ impl EventIndex {
             }
             same
         });
-        // By word: a counting sort (O(runs + words); each word's runs stay deepest first).
+        // By word: a counting sort, O(runs + words). `word_start[w]` counts word `w`'s runs,
+        // then (prefix sums) is where they end; placing the runs last to first, each one
+        // just before its word's end, keeps a word's runs deepest first and leaves
+        // `word_start[w]` where they start.
         d.word_start = vec![0; nw + 1];
         for &(_, w, _) in &d.runs {
-            d.word_start[w as usize + 1] += 1;
+            d.word_start[w as usize] += 1;
         }
-        for w in 0..nw {
-            d.word_start[w + 1] += d.word_start[w];
+        let mut end = 0;
+        for s in &mut d.word_start {
+            end += *s;
+            *s = end;
         }
-        let mut next = d.word_start[..nw].to_vec();
         d.by_word = vec![(0, 0, 0); d.runs.len()];
-        for &r in &d.runs {
-            let at = &mut next[r.1 as usize];
+        for &r in d.runs.iter().rev() {
+            let at = &mut d.word_start[r.1 as usize];
+            *at -= 1;
             d.by_word[*at as usize] = r;
-            *at += 1;
         }
         d
     }

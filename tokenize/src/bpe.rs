@@ -72,14 +72,38 @@ pub struct ByteBpe {
 }
 
 /// The inline key of a word of at most 15 bytes: its bytes, zero-padded, and its length in
-/// the last byte; `None` for a longer word.
+/// the last byte (little-endian), `None` for a longer word.
+///
+/// Built in registers from two loads that overlap (the first and the last 4 or 8 bytes,
+/// OR-ed at their offsets: the bytes they share are equal), not by copying the word into a
+/// zeroed array and reading it back: that copy was a `memcpy` call whose byte stores the
+/// 16-byte read could not be forwarded from, a stall on every word of the tokenizer's fast
+/// path (a fifth of `FastEncoder::encode_piece`'s own time in a `bench fleet` profile,
+/// perf/runs/2026-12-07-short-key). Equal to the copy for every length: test
+/// `short_key_equals_the_padded_copy`.
+#[inline]
 fn short_key(bytes: &[u8]) -> Option<u128> {
-    let mut b = [0u8; 16];
-    b.get_mut(..bytes.len())
-        .filter(|_| bytes.len() < 16)?
-        .copy_from_slice(bytes);
-    b[15] = bytes.len() as u8;
-    Some(u128::from_le_bytes(b))
+    let n = bytes.len();
+    let word = match n {
+        0 => 0,
+        1..=3 => {
+            u128::from(bytes[0])
+                | u128::from(bytes[n / 2]) << (8 * (n / 2))
+                | u128::from(bytes[n - 1]) << (8 * (n - 1))
+        }
+        4..=7 => {
+            let lo = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
+            let hi = u32::from_le_bytes(bytes[n - 4..].try_into().expect("4 bytes"));
+            u128::from(lo) | u128::from(hi) << (8 * (n - 4))
+        }
+        8..=15 => {
+            let lo = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+            let hi = u64::from_le_bytes(bytes[n - 8..].try_into().expect("8 bytes"));
+            u128::from(lo) | u128::from(hi) << (8 * (n - 8))
+        }
+        _ => return None,
+    };
+    Some(word | (n as u128) << 120)
 }
 
 /// The one-token words of at most 15 bytes ([`short_key`] → id): open addressing with linear
@@ -419,6 +443,21 @@ mod tests {
         );
         assert_ne!(short_key(b"a"), short_key(b"a\0"));
         assert_eq!(short_key(&[b'x'; 16]), None);
+    }
+
+    proptest! {
+        /// [`short_key`] is the word's bytes zero-padded to 15 with its length in byte 15, for
+        /// every length 0..=15, and `None` from 16 on.
+        #[test]
+        fn short_key_equals_the_padded_copy(bytes in proptest::collection::vec(any::<u8>(), 0..20)) {
+            let want = (bytes.len() < 16).then(|| {
+                let mut b = [0u8; 16];
+                b[..bytes.len()].copy_from_slice(&bytes);
+                b[15] = bytes.len() as u8;
+                u128::from_le_bytes(b)
+            });
+            prop_assert_eq!(short_key(&bytes), want);
+        }
     }
 
     #[test]

@@ -106,16 +106,29 @@ impl FastEncoder {
     /// The HF model's or pipeline's own error, as text.
     pub fn encode(&self, inner: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>, String> {
         let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+        self.encode_into(inner, text, &mut ids)?;
+        Ok(ids)
+    }
+
+    /// [`Self::encode`] appending to `ids`.
+    ///
+    /// # Errors
+    /// As [`Self::encode`]'s; `ids` may then hold some of `text`'s ids.
+    pub fn encode_into(
+        &self,
+        inner: &tokenizers::Tokenizer,
+        text: &str,
+        ids: &mut Vec<u32>,
+    ) -> Result<(), String> {
         let mut from = 0;
         if let Some(ac) = &self.added {
             for m in ac.find_iter(text) {
-                self.encode_piece(inner, &text[from..m.start()], &mut ids)?;
+                self.encode_piece(inner, &text[from..m.start()], ids)?;
                 ids.push(self.added_ids[m.pattern().as_usize()]);
                 from = m.end();
             }
         }
-        self.encode_piece(inner, &text[from..], &mut ids)?;
-        Ok(ids)
+        self.encode_piece(inner, &text[from..], ids)
     }
 
     /// One piece without added tokens.

@@ -471,7 +471,7 @@ impl IncrementalTokenizer {
 
     fn push_piece(&self, piece: &str, ids: &mut Vec<u32>) -> Result<(), TokenizeError> {
         if !piece.is_empty() {
-            ids.extend(self.tok.try_encode(piece)?);
+            self.tok.encode_into(piece, ids)?;
         }
         Ok(())
     }

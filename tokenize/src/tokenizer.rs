@@ -507,14 +507,26 @@ impl Tokenizer {
     /// # Errors
     /// [`TokenizeError::Encode`] when the HF pipeline fails.
     pub fn try_encode(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+        self.encode_into(text, &mut ids)?;
+        Ok(ids)
+    }
+
+    /// [`Tokenizer::try_encode`] appending to `ids` (a caller joining several texts' ids,
+    /// such as a chat turn's messages, makes no buffer per text). On an error `ids` may hold
+    /// some of `text`'s ids after its old contents.
+    ///
+    /// # Errors
+    /// [`TokenizeError::Encode`] when the HF pipeline fails.
+    pub fn encode_into(&self, text: &str, ids: &mut Vec<u32>) -> Result<(), TokenizeError> {
         if let Some(fast) = &self.fast {
             return fast
-                .encode(&self.inner, text)
+                .encode_into(&self.inner, text, ids)
                 .map_err(TokenizeError::Encode);
         }
         self.inner
             .encode_fast(text, false)
-            .map(|e| e.get_ids().to_vec())
+            .map(|e| ids.extend_from_slice(e.get_ids()))
             .map_err(|e| TokenizeError::Encode(e.to_string()))
     }
 
