@@ -724,19 +724,16 @@ impl ShardTokenizers {
         // The new messages' ids, then the generation prompt's; the key's ids are the cached
         // prefix's then these, copied once into their shared buffer.
         let mut new_ids = Vec::with_capacity((body.len() - prefix.bytes) / 3 + 8);
-        let mut rendered = String::new();
+        let mut buf = String::new();
+        let tok = t.tokenizer();
         for (j, m) in parsed.msgs.iter().enumerate() {
-            rendered.clear();
             let wrapped = native::think_wrapped(m, first + j, count, last_query);
-            native::render_message(&mut rendered, m, wrapped);
-            t.tokenizer().encode_into(&rendered, &mut new_ids).ok()?;
+            tok.encode_message_into(m, wrapped, &mut buf, &mut new_ids)
+                .ok()?;
             b.push_tokens(prefix.ids.len() + new_ids.len(), wrapped);
         }
-        rendered.clear();
-        native::render_generation(&mut rendered, parsed.opts);
-        if !rendered.is_empty() {
-            t.tokenizer().encode_into(&rendered, &mut new_ids).ok()?;
-        }
+        tok.encode_generation_into(parsed.opts, &mut buf, &mut new_ids)
+            .ok()?;
         let slot = Arc::new(OnceLock::new());
         let reuse = prefix
             .block_keys

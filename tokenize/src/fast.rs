@@ -44,6 +44,9 @@ pub struct FastEncoder {
     added: Option<AhoCorasick>,
     /// Id of each pattern of `added`.
     added_ids: Vec<u32>,
+    /// The distinct first bytes of the added tokens: a text holding none of them holds no
+    /// added token, and skips the search ([`Self::may_hold_added`]).
+    added_first: Vec<u8>,
     digits: Digits,
     /// GPT-2's byte-level alphabet: the char each byte stands for in vocabulary strings.
     byte_char: [char; 256],
@@ -85,9 +88,13 @@ impl FastEncoder {
             )
         };
         let byte_char = byte_level_alphabet();
+        let mut added_first: Vec<u8> = tokens.iter().map(|(c, _)| c.as_bytes()[0]).collect();
+        added_first.sort_unstable();
+        added_first.dedup();
         let fast = Self {
             added,
             added_ids: tokens.iter().map(|(_, id)| *id).collect(),
+            added_first,
             digits,
             bpe: ByteBpe::new(inner.get_model(), &byte_char),
             byte_char,
@@ -121,7 +128,9 @@ impl FastEncoder {
         ids: &mut Vec<u32>,
     ) -> Result<(), String> {
         let mut from = 0;
-        if let Some(ac) = &self.added {
+        if let Some(ac) = &self.added
+            && self.may_hold_added(text)
+        {
             for m in ac.find_iter(text) {
                 self.encode_piece(inner, &text[from..m.start()], ids)?;
                 ids.push(self.added_ids[m.pattern().as_usize()]);
@@ -129,6 +138,20 @@ impl FastEncoder {
             }
         }
         self.encode_piece(inner, &text[from..], ids)
+    }
+
+    /// False when `text` holds none of the added tokens' first bytes (one `memchr` pass for
+    /// up to three distinct first bytes: Qwen3's all start with `<`, so a message's plain
+    /// text skips the automaton); true when it may hold one.
+    fn may_hold_added(&self, text: &str) -> bool {
+        let t = text.as_bytes();
+        match *self.added_first.as_slice() {
+            [] => false,
+            [a] => memchr::memchr(a, t).is_some(),
+            [a, b] => memchr::memchr2(a, b, t).is_some(),
+            [a, b, c] => memchr::memchr3(a, b, c, t).is_some(),
+            _ => true,
+        }
     }
 
     /// One piece without added tokens.

@@ -1,6 +1,7 @@
 //! [`Tokenizer`]: a HF `tokenizers` instance plus its chat template.
 
 use crate::fast::{Digits, FastEncoder};
+use crate::native::{PlainMessage, RenderOptions, TemplateIds};
 use crate::{ChatTemplate, TokenizeError};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -24,6 +25,21 @@ pub struct Tokenizer {
     text_cuts: Arc<TextCutRule>,
     /// The fast path of `encode` for recognised pipelines (`crate::fast`), `None` else.
     fast: Option<Arc<FastEncoder>>,
+    /// The native Qwen3 template's fixed texts as ids, with the fast path only
+    /// ([`Tokenizer::encode_message_into`]).
+    template_ids: Option<Arc<TemplateIds>>,
+}
+
+/// [`Tokenizer::template_ids`]: for the native Qwen3 template on a pipeline with the fast path
+/// (whose added tokens are all plain: [`crate::fast`]), when the vocabulary allows it.
+fn template_ids(
+    chat: Option<&ChatTemplate>,
+    fast: bool,
+    inner: &tokenizers::Tokenizer,
+) -> Option<Arc<TemplateIds>> {
+    chat.filter(|c| c.is_native_qwen3() && fast)
+        .and_then(|_| TemplateIds::new(inner))
+        .map(Arc::new)
 }
 
 /// Split regexes (HF `Split` pre-tokenizer, `behavior: Isolated`, `invert: false`) for which
@@ -308,12 +324,14 @@ impl Tokenizer {
             .digits(&inner)
             .and_then(|d| FastEncoder::new(&inner, d))
             .map(Arc::new);
+        let template_ids = template_ids(chat.as_ref(), fast.is_some(), &inner);
         Ok(Self {
             inner: Arc::new(inner),
             chat,
             cuts: Arc::new(cuts),
             text_cuts: Arc::new(text_cuts),
             fast,
+            template_ids,
         })
     }
 
@@ -327,6 +345,7 @@ impl Tokenizer {
             cuts: self.cuts.clone(),
             text_cuts: self.text_cuts.clone(),
             fast: self.fast.clone(),
+            template_ids: self.template_ids.clone(),
         }
     }
 
@@ -530,6 +549,52 @@ impl Tokenizer {
             .map_err(|e| TokenizeError::Encode(e.to_string()))
     }
 
+    /// Appends to `ids` the ids of message `m`'s text under the native Qwen3 template
+    /// ([`crate::native::render_message`]; `wrapped`: [`crate::native::think_wrapped`]), as
+    /// [`Tokenizer::encode_into`] of that text gives them: from the template's known ids
+    /// ([`TemplateIds`]) when this tokenizer has them, else by rendering into `buf` (scratch)
+    /// and encoding it.
+    ///
+    /// # Errors
+    /// [`TokenizeError::Encode`] when the HF pipeline fails.
+    pub fn encode_message_into(
+        &self,
+        m: &PlainMessage<'_>,
+        wrapped: bool,
+        buf: &mut String,
+        ids: &mut Vec<u32>,
+    ) -> Result<(), TokenizeError> {
+        match &self.template_ids {
+            Some(t) => t.encode_message(m, wrapped, buf, ids, |s, ids| self.encode_into(s, ids)),
+            None => {
+                buf.clear();
+                crate::native::render_message(buf, m, wrapped);
+                self.encode_into(buf, ids)
+            }
+        }
+    }
+
+    /// [`Tokenizer::encode_message_into`] for the generation prompt
+    /// ([`crate::native::render_generation`]).
+    ///
+    /// # Errors
+    /// [`TokenizeError::Encode`] when the HF pipeline fails.
+    pub fn encode_generation_into(
+        &self,
+        opts: RenderOptions,
+        buf: &mut String,
+        ids: &mut Vec<u32>,
+    ) -> Result<(), TokenizeError> {
+        match &self.template_ids {
+            Some(t) => t.encode_generation(opts, ids, |s, ids| self.encode_into(s, ids)),
+            None => {
+                buf.clear();
+                crate::native::render_generation(buf, opts);
+                self.encode_into(buf, ids)
+            }
+        }
+    }
+
     /// Text of `ids`, special tokens kept (HF `skip_special_tokens=False`).
     pub fn decode(&self, ids: &[u32]) -> String {
         self.inner.decode(ids, false).unwrap_or_default()
@@ -602,6 +667,7 @@ impl Tokenizer {
             text_cuts = TextCutRule(Ok(()));
         }
         Tokenizer {
+            template_ids: template_ids(self.chat.as_ref(), fast.is_some(), &inner),
             inner: Arc::new(inner),
             chat: self.chat.clone(),
             cuts: self.cuts.clone(),
