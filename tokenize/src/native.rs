@@ -186,8 +186,8 @@ pub fn render_generation(out: &mut String, opts: RenderOptions) {
 /// of a turn's samples, nearly all of it matching the template's own `<|im_start|>`,
 /// `<|im_end|>`, `<think>` and `</think>`, which the renderer wrote and so knows.
 ///
-/// Exact: a message's text is `<|im_start|>` + piece + (wrapped: `<think>` `\n\n` `</think>`
-/// + piece) + `<|im_end|>` `\n`, and the HF pipeline tokenizes the text between added tokens
+/// Exact: a message's text is `<|im_start|>`, a piece, (when wrapped: `<think>` `\n\n`
+/// `</think>` and a piece), `<|im_end|>` and `\n`, and the HF pipeline tokenizes the text between added tokens
 /// piece by piece, so the ids are the same pieces' ids joined, provided the search over the
 /// whole text matches the template's tokens where the renderer put them. That holds unless
 /// some added token could start before one of them and overlap it, or start at it and be
@@ -455,10 +455,12 @@ mod tests {
         // An added token that would start inside a message's text and reach into
         // `<|im_end|>`: the template's tokens are then not where the renderer wrote them.
         let mut hf = tok.hf().clone();
-        hf.add_tokens([tokenizers::AddedToken::from("x<|im", true)]);
+        hf.add_tokens([tokenizers::AddedToken::from("x<|im", true)])
+            .expect("a new added token");
         assert_eq!(TemplateIds::new(&hf), None);
         let mut hf = tok.hf().clone();
-        hf.add_tokens([tokenizers::AddedToken::from("<|im_start|>user", true)]);
+        hf.add_tokens([tokenizers::AddedToken::from("<|im_start|>user", true)])
+            .expect("a new added token");
         assert_eq!(TemplateIds::new(&hf), None);
     }
 }
