@@ -88,7 +88,10 @@ impl FastEncoder {
             )
         };
         let byte_char = byte_level_alphabet();
-        let mut added_first: Vec<u8> = tokens.iter().map(|(c, _)| c.as_bytes()[0]).collect();
+        let mut added_first: Vec<u8> = tokens
+            .iter()
+            .filter_map(|(c, _)| c.as_bytes().first().copied())
+            .collect();
         added_first.sort_unstable();
         added_first.dedup();
         let fast = Self {

@@ -187,11 +187,11 @@ pub fn render_generation(out: &mut String, opts: RenderOptions) {
 /// `<|im_end|>`, `<think>` and `</think>`, which the renderer wrote and so knows.
 ///
 /// Exact: a message's text is `<|im_start|>`, a piece, (when wrapped: `<think>` `\n\n`
-/// `</think>` and a piece), `<|im_end|>` and `\n`, and the HF pipeline tokenizes the text between added tokens
-/// piece by piece, so the ids are the same pieces' ids joined, provided the search over the
-/// whole text matches the template's tokens where the renderer put them. That holds unless
-/// some added token could start before one of them and overlap it, or start at it and be
-/// longer; [`TemplateIds::new`] refuses such a vocabulary. Test:
+/// `</think>` and a piece), `<|im_end|>` and `\n`, and the HF pipeline tokenizes the text
+/// between added tokens piece by piece, so the ids are the same pieces' ids joined, provided
+/// the search over the whole text matches the template's tokens where the renderer put
+/// them. That holds unless some added token could start before one of them and overlap it,
+/// or start at it and be longer; [`TemplateIds::new`] refuses such a vocabulary. Test:
 /// `template_ids_equal_the_rendered_texts_ids`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateIds {
