@@ -197,10 +197,16 @@ pub const FULL_SCAN_WORKERS: usize = 128;
 /// 7.1 s at ×128), and the decision's cost grows with the set
 /// (perf/runs/2026-12-06-candidate-size).
 pub const CANDIDATE_HOLDERS: usize = 16;
-/// Workers a candidate set draws at random (power of d choices, d = 16: the least loaded
-/// draw is in the lightest ~6 % of the fleet in expectation; `policy::candidates`).
-/// Measured with [`CANDIDATE_HOLDERS`].
-pub const CANDIDATE_SAMPLE: usize = 16;
+/// Workers a candidate set draws at random (power of d choices, d = 8: the least loaded
+/// draw is in the lightest ~11 % of the fleet in expectation; `policy::candidates`).
+/// Measured with [`CANDIDATE_HOLDERS`], 8 tie-break seeds each, `kvroute simulate` on the
+/// Mooncake trace with 64 engines forced onto candidate sets (mean hit %, TTFT p99 ms and its
+/// standard deviation over seeds): at ×64, 4 / 8 / 16 give 35.61 / 35.65 / 35.60 %, 1,711 (26)
+/// / 1,702 (24) / 1,723 (20); at ×128, 32.72 / 32.77 / 32.70 %, 6,789 (182) / 6,826 (196) /
+/// 7,075 (129): no loss below 16. The decide stage of `kvroute bench fleet` at 4,096 workers
+/// costs 0.84× (32k tokens) and 0.85× (8k) at 8 against 16, medians of 5 interleaved rounds
+/// (perf/runs/2026-12-07-candidate-sample).
+pub const CANDIDATE_SAMPLE: usize = 8;
 /// Per-model string tree budget, chars, counted once per tenant holding a node. Source: SMG
 /// `--max-tree-size` 67,108,864.
 pub const MAX_TREE_SIZE_CHARS: usize = 67_108_864;

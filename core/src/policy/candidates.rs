@@ -10,8 +10,8 @@
 //! Random Choices: A Survey of Techniques and Results", 2001): the least loaded of d uniform
 //! draws is, in expectation, in the lightest 1/(d + 1) of the fleet, and a balancer that sends
 //! each request to the least loaded of d ≥ 2 draws keeps the maximum load within
-//! O(log log n / log d) of the mean. With d = 32 a decision ranks its non-holders among the
-//! lightest ~3 % of the fleet, which moves every time it runs.
+//! O(log log n / log d) of the mean. With d = 8 (the default) a decision ranks its non-holders
+//! among the lightest ~11 % of the fleet, which moves every time it runs.
 //!
 //! Holders tied at the cut (a prefix every worker holds, such as a fleet-wide system prompt)
 //! are the first ones met going round the answer from a random position, so that successive
