@@ -173,7 +173,8 @@ impl FastEncoder {
             return Ok(());
         }
         let model = inner.get_model();
-        let mut word = String::with_capacity(32);
+        // Only a word the fast merge leaves to HF fills it (no allocation otherwise).
+        let mut word = String::new();
         let bytes = piece.as_bytes();
         let mut ends = [0usize; PREFETCH_WORDS];
         let mut i = 0;

@@ -562,14 +562,13 @@ impl Holders<'_> {
                 kvroute_index::prefetch(slot);
             }
         }
-        workers
-            .iter()
-            .filter_map(|&w| {
-                let w = u32::try_from(w).ok()?;
-                let t = self.tokens(w);
-                (t > 0).then_some((w, t))
-            })
-            .collect()
+        let mut out = Vec::with_capacity(workers.len());
+        out.extend(workers.iter().filter_map(|&w| {
+            let w = u32::try_from(w).ok()?;
+            let t = self.tokens(w);
+            (t > 0).then_some((w, t))
+        }));
+        out
     }
 
     /// `(DP rank, matched tokens)` of each visible stream of `worker`, in no particular
