@@ -165,6 +165,25 @@ impl Default for FleetArgs {
 /// The writer keeps up when it applies at least this share of the offered events.
 pub const KEEPS_UP: f64 = 0.95;
 
+/// What a run's ingest rates say, for the report's `ingest` key and its line: the offered,
+/// achieved (events / wall time) and per-core (events / time spent applying) block events
+/// per second.
+///
+/// - `"keeps up"`: achieved ≥ [`KEEPS_UP`] × offered;
+/// - `"short of its core"`: achieved below that while the writer applies faster than offered
+///   whenever it runs (per core ≥ offered): the thread did not get its core for part of the
+///   run (the host took it), not a writer too slow;
+/// - `"too slow"`: per core below offered: one writer cannot apply this fleet's events.
+pub fn ingest_verdict(offered: f64, achieved: f64, per_core: f64) -> &'static str {
+    if achieved >= KEEPS_UP * offered {
+        "keeps up"
+    } else if per_core >= offered {
+        "short of its core"
+    } else {
+        "too slow"
+    }
+}
+
 /// The keys `--out` writes, in order (issue 16).
 pub const OUT_KEYS: [&str; 7] = [
     "workers",
@@ -459,6 +478,7 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         "offered_block_events_per_s": offered,
         "achieved_block_events_per_s": achieved,
         "keeps_up": achieved >= KEEPS_UP * offered,
+        "ingest": ingest_verdict(offered, achieved, per_core),
         "ingest_busy_share": busy / wall.max(1e-9),
         "block_events_per_s_per_worker": per_worker,
         "rate_source": rate_source,
@@ -488,10 +508,10 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         bytes_per_pair,
         offered / 1e6,
         achieved / 1e6,
-        if achieved >= KEEPS_UP * offered {
-            ""
-        } else {
-            " (the writer does not keep up)"
+        match ingest_verdict(offered, achieved, per_core) {
+            "short of its core" => " (short: the ingest thread did not get its core all along)",
+            "too slow" => " (the writer does not keep up)",
+            _ => "",
         },
         per_core / 1e6,
     );

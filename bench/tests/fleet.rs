@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use kvroute_bench::fleet_bench::{
-    FleetArgs, MOONCAKE_BLOCK_EVENTS_PER_S_PER_WORKER, OUT_KEYS, out_json, run,
+    FleetArgs, MOONCAKE_BLOCK_EVENTS_PER_S_PER_WORKER, OUT_KEYS, ingest_verdict, out_json, run,
     trace_block_events_per_s_per_worker,
 };
 
@@ -89,6 +89,26 @@ fn short_fleet_reports_real_values() {
     } else if report["keeps_up"] == false {
         assert!(report["ingest_busy_share"].as_f64().unwrap() > 0.8);
     }
+    assert_eq!(
+        report["ingest"],
+        ingest_verdict(offered, achieved, per_core),
+        "{report}"
+    );
+}
+
+/// The three verdicts on rates seen at 4,096 workers (block events per second): a pass that
+/// kept up, one whose ingest thread lost its core to the host (per core still above the
+/// offered rate: perf/runs/2026-12-07-fleet-table-3), and a writer slower than the offer.
+#[test]
+fn ingest_verdict_tells_a_slow_writer_from_a_thread_without_its_core() {
+    assert_eq!(ingest_verdict(1.71e6, 1.69e6, 2.36e6), "keeps up");
+    assert_eq!(ingest_verdict(1.71e6, 1.54e6, 2.05e6), "short of its core");
+    assert_eq!(ingest_verdict(1.71e6, 1.40e6, 1.45e6), "too slow");
+    // The edges: exactly 95 % of the offer keeps up; a core exactly at the offer is short
+    // of its core, not too slow.
+    assert_eq!(ingest_verdict(1.0e6, 0.95e6, 0.96e6), "keeps up");
+    assert_eq!(ingest_verdict(1.0e6, 0.94e6, 1.0e6), "short of its core");
+    assert_eq!(ingest_verdict(1.0e6, 0.94e6, 0.99e6), "too slow");
 }
 
 /// The fallback constant is the trace's own computation, rounded (skipped without the trace).
