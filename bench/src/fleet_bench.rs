@@ -165,22 +165,49 @@ impl Default for FleetArgs {
 /// The writer keeps up when it applies at least this share of the offered events.
 pub const KEEPS_UP: f64 = 0.95;
 
-/// What a run's ingest rates say, for the report's `ingest` key and its line: the offered,
-/// achieved (events / wall time) and per-core (events / time spent applying) block events
-/// per second.
-///
-/// - `"keeps up"`: achieved ≥ [`KEEPS_UP`] × offered;
-/// - `"short of its core"`: achieved below that while the writer applies faster than offered
-///   whenever it runs (per core ≥ offered): the thread did not get its core for part of the
-///   run (the host took it), not a writer too slow;
-/// - `"too slow"`: per core below offered: one writer cannot apply this fleet's events.
-pub fn ingest_verdict(offered: f64, achieved: f64, per_core: f64) -> &'static str {
+/// What a run's ingest rates say ([`ingest_verdict`]); its [`IngestVerdict::label`] is the
+/// report's `ingest` key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IngestVerdict {
+    /// Achieved ≥ [`KEEPS_UP`] × offered.
+    KeepsUp,
+    /// Achieved below that while the writer applies faster than offered whenever it runs
+    /// (per core ≥ offered): the thread did not get its core for part of the run (the host
+    /// took it), not a writer too slow.
+    ShortOfItsCore,
+    /// Per core below offered: one writer cannot apply this fleet's events.
+    TooSlow,
+}
+
+impl IngestVerdict {
+    /// The report's `ingest` value: `keeps up`, `short of its core` or `too slow`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::KeepsUp => "keeps up",
+            Self::ShortOfItsCore => "short of its core",
+            Self::TooSlow => "too slow",
+        }
+    }
+
+    /// What the printed line adds after the achieved rate (empty when it keeps up).
+    fn note(self) -> &'static str {
+        match self {
+            Self::KeepsUp => "",
+            Self::ShortOfItsCore => " (short: the ingest thread did not get its core all along)",
+            Self::TooSlow => " (the writer does not keep up)",
+        }
+    }
+}
+
+/// The verdict on a run's offered, achieved (events / wall time) and per-core (events / time
+/// spent applying) block events per second ([`IngestVerdict`]'s variants say when each holds).
+pub fn ingest_verdict(offered: f64, achieved: f64, per_core: f64) -> IngestVerdict {
     if achieved >= KEEPS_UP * offered {
-        "keeps up"
+        IngestVerdict::KeepsUp
     } else if per_core >= offered {
-        "short of its core"
+        IngestVerdict::ShortOfItsCore
     } else {
-        "too slow"
+        IngestVerdict::TooSlow
     }
 }
 
@@ -456,6 +483,7 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
     let achieved = done as f64 / wall.max(1e-9);
     let per_core = done as f64 / busy.max(1e-9);
     let entries_after = ingest.index.reader().entries();
+    let verdict = ingest_verdict(offered, achieved, per_core);
     let q = |h: &Histogram<u64>| json!({"p50_ns": h.value_at_quantile(0.5), "p99_ns": h.value_at_quantile(0.99), "max_ns": h.max(), "count": h.len()});
     let report = json!({
         "workers": workers,
@@ -478,7 +506,7 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         "offered_block_events_per_s": offered,
         "achieved_block_events_per_s": achieved,
         "keeps_up": achieved >= KEEPS_UP * offered,
-        "ingest": ingest_verdict(offered, achieved, per_core),
+        "ingest": verdict.label(),
         "ingest_busy_share": busy / wall.max(1e-9),
         "block_events_per_s_per_worker": per_worker,
         "rate_source": rate_source,
@@ -508,11 +536,7 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         bytes_per_pair,
         offered / 1e6,
         achieved / 1e6,
-        match ingest_verdict(offered, achieved, per_core) {
-            "short of its core" => " (short: the ingest thread did not get its core all along)",
-            "too slow" => " (the writer does not keep up)",
-            _ => "",
-        },
+        verdict.note(),
         per_core / 1e6,
     );
     Ok(report)

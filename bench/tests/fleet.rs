@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use kvroute_bench::fleet_bench::{
-    FleetArgs, MOONCAKE_BLOCK_EVENTS_PER_S_PER_WORKER, OUT_KEYS, ingest_verdict, out_json, run,
-    trace_block_events_per_s_per_worker,
+    FleetArgs, IngestVerdict, MOONCAKE_BLOCK_EVENTS_PER_S_PER_WORKER, OUT_KEYS, ingest_verdict,
+    out_json, run, trace_block_events_per_s_per_worker,
 };
 
 const MOONCAKE: &str = concat!(
@@ -91,7 +91,7 @@ fn short_fleet_reports_real_values() {
     }
     assert_eq!(
         report["ingest"],
-        ingest_verdict(offered, achieved, per_core),
+        ingest_verdict(offered, achieved, per_core).label(),
         "{report}"
     );
 }
@@ -101,14 +101,20 @@ fn short_fleet_reports_real_values() {
 /// offered rate: perf/runs/2026-12-07-fleet-table-3), and a writer slower than the offer.
 #[test]
 fn ingest_verdict_tells_a_slow_writer_from_a_thread_without_its_core() {
-    assert_eq!(ingest_verdict(1.71e6, 1.69e6, 2.36e6), "keeps up");
-    assert_eq!(ingest_verdict(1.71e6, 1.54e6, 2.05e6), "short of its core");
-    assert_eq!(ingest_verdict(1.71e6, 1.40e6, 1.45e6), "too slow");
+    use IngestVerdict::*;
+    assert_eq!(ingest_verdict(1.71e6, 1.69e6, 2.36e6), KeepsUp);
+    assert_eq!(ingest_verdict(1.71e6, 1.54e6, 2.05e6), ShortOfItsCore);
+    assert_eq!(ingest_verdict(1.71e6, 1.40e6, 1.45e6), TooSlow);
     // The edges: exactly 95 % of the offer keeps up; a core exactly at the offer is short
     // of its core, not too slow.
-    assert_eq!(ingest_verdict(1.0e6, 0.95e6, 0.96e6), "keeps up");
-    assert_eq!(ingest_verdict(1.0e6, 0.94e6, 1.0e6), "short of its core");
-    assert_eq!(ingest_verdict(1.0e6, 0.94e6, 0.99e6), "too slow");
+    assert_eq!(ingest_verdict(1.0e6, 0.95e6, 0.96e6), KeepsUp);
+    assert_eq!(ingest_verdict(1.0e6, 0.94e6, 1.0e6), ShortOfItsCore);
+    assert_eq!(ingest_verdict(1.0e6, 0.94e6, 0.99e6), TooSlow);
+    // The report's words.
+    assert_eq!(
+        [KeepsUp, ShortOfItsCore, TooSlow].map(IngestVerdict::label),
+        ["keeps up", "short of its core", "too slow"]
+    );
 }
 
 /// The fallback constant is the trace's own computation, rounded (skipped without the trace).
