@@ -190,6 +190,9 @@ impl Prefix {
 #[derive(Debug)]
 pub struct ChatCache {
     budget: usize,
+    /// Keyed by the prefix's xxh3-128 with std's randomly keyed SipHash on purpose: xxh3 is
+    /// unkeyed, so a client could craft bodies whose keys share bucket bits under a
+    /// pass-through hasher and turn this map, locked by every shard, into a linear scan.
     entries: HashMap<u128, (Arc<Prefix>, u64)>,
     order: BTreeMap<u64, u128>,
     held: usize,
