@@ -376,9 +376,14 @@ impl std::fmt::Debug for PrefixScanner {
 }
 
 impl PrefixScanner {
-    /// A scanner at the start of a body.
+    /// A scanner at the start of a body, with room for [`MAX_PROBES`] candidate ends made now
+    /// (at a body's first read), not grown while its last read is scanned, which the
+    /// decision waits for.
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            ends: std::collections::VecDeque::with_capacity(MAX_PROBES),
+            ..Self::default()
+        }
     }
 
     /// Scans and hashes what `body` (the body so far: every call's `body` starts with the

@@ -194,7 +194,7 @@ impl<F: FnOnce() -> bool> BodyScan<F> {
         if let Some(scans) = self.scans.take()
             && scans()
         {
-            self.scanner = Some(Box::default());
+            self.scanner = Some(Box::new(PrefixScanner::new()));
         }
         if let Some(s) = self.scanner.as_mut() {
             s.feed(body);
