@@ -505,7 +505,7 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         "mean_prompt_tokens": d.prompt_tokens as f64 / d.whole.len().max(1) as f64,
         "offered_block_events_per_s": offered,
         "achieved_block_events_per_s": achieved,
-        "keeps_up": achieved >= KEEPS_UP * offered,
+        "keeps_up": verdict == IngestVerdict::KeepsUp,
         "ingest": verdict.label(),
         "ingest_busy_share": busy / wall.max(1e-9),
         "block_events_per_s_per_worker": per_worker,

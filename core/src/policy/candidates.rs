@@ -62,19 +62,20 @@ pub fn deepest(found: &[(TenantId, usize)], k: usize, rng: &mut impl Rng, out: &
 }
 
 /// A decision's candidate set over `slots` worker slots, ascending and without duplicates:
-/// the ids in `out` already (the event index's deepest holders, taken by
+/// the ids `first` (the event index's deepest holders, taken by
 /// [`crate::events::Holders::deepest`]), the [`deepest`] `holders` of each of `answers`, and
-/// `sample` uniform draws from `0..slots` (duplicates dropped). The caller drops the ids that
-/// are not eligible.
+/// `sample` uniform draws from `0..slots` (duplicates dropped), in one buffer allocated once.
+/// The caller drops the ids that are not eligible.
 pub fn choose(
-    mut out: Vec<usize>,
+    first: impl ExactSizeIterator<Item = usize>,
     answers: &[&[(TenantId, usize)]],
     slots: usize,
     holders: usize,
     sample: usize,
     rng: &mut impl Rng,
 ) -> Vec<usize> {
-    out.reserve(answers.len() * holders + sample);
+    let mut out = Vec::with_capacity(first.len() + answers.len() * holders + sample);
+    out.extend(first);
     for a in answers {
         deepest(a, holders, rng, &mut out);
     }
@@ -138,15 +139,15 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         let a: Vec<(TenantId, usize)> = vec![(900, 64), (5, 16)];
         let b: Vec<(TenantId, usize)> = vec![(5, 8), (7, 32)];
-        let c = choose(vec![3], &[&a, &b], 100, 8, 0, &mut rng);
+        let c = choose([3].into_iter(), &[&a, &b], 100, 8, 0, &mut rng);
         assert_eq!(
             c,
             vec![3, 5, 7],
             "ids given kept, ids past the slots dropped, duplicates merged"
         );
-        let c = choose(Vec::new(), &[], 1000, 8, 32, &mut rng);
+        let c = choose([].into_iter(), &[], 1000, 8, 32, &mut rng);
         assert!(c.windows(2).all(|p| p[0] < p[1]) && c.len() <= 32 && c.len() >= 28);
-        assert!(choose(vec![3], &[&a], 0, 8, 32, &mut rng).is_empty());
+        assert!(choose([3].into_iter(), &[&a], 0, 8, 32, &mut rng).is_empty());
     }
 
     proptest! {

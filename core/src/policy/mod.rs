@@ -938,10 +938,14 @@ impl Router {
             };
         let tree = (reads_overlaps && !events_suffice).then(|| self.tree_answer(req, now_ms));
         let answers: Vec<&[(TenantId, usize)]> = tree.iter().map(|a| a.found.as_slice()).collect();
-        // Sized for all of `choose`'s candidates: one allocation.
-        let mut first = Vec::with_capacity(deepest.len() + answers.len() * p.holders + p.sample);
-        first.extend(deepest.iter().map(|&(w, _)| w as usize));
-        let ids = candidates::choose(first, &answers, slots, p.holders, p.sample, rng);
+        let ids = candidates::choose(
+            deepest.iter().map(|&(w, _)| w as usize),
+            &answers,
+            slots,
+            p.holders,
+            p.sample,
+            rng,
+        );
         let view = fleet.snapshot_among(model, vetoed, now_ms, &ids);
         if view.eligible.len() < (p.sample / 4).max(1) {
             return whole(rng);
