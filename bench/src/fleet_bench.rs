@@ -43,10 +43,19 @@
 //!   document, ms at 32k) is reported apart, and so is the decision from token ids
 //!   (`from_ids`: the decision's stages after parse and tokenize, as a router whose clients
 //!   send token ids would run).
-//!   Each timed decision is followed by an untimed-in-the-whole call of the index lookup alone
-//!   (`Router::overlaps`), its own histogram, and by the in-run baseline `body_read`: the
-//!   body scanned once (`memchr`), the least any decision that reads the body costs on this
-//!   machine at this moment (a ratio to it survives the host's speed changing run to run).
+//!   Between two timed turns this thread does only what a gateway's shard does between two
+//!   requests: the body arrives (copied into the connection's reused receive buffer, as the
+//!   kernel's receive copies it) and its early reads are scanned. The client's work, each
+//!   turn's JSON built and serialized (~1 MB of writes at 32k), is done before a
+//!   conversation's first turn, as a client on another machine does it: made between turns,
+//!   it evicted the decision's lines and read as ~30 % of its p50
+//!   (perf/runs/2026-12-07-client-work).
+//!   Each timed decision is followed by the in-run baseline `body_read`: the body scanned
+//!   once (`memchr`), the least any decision that reads the body costs on this machine at
+//!   this moment (a ratio to it survives the host's speed changing run to run). After a
+//!   conversation's last turn, the index lookup alone (`Router::overlaps` on a snapshot of
+//!   the whole fleet, its own histogram) is timed for each of its turns: a whole-fleet walk
+//!   is no step of a decision, so it runs outside the turns' sequence.
 //!
 //! Memory per (worker, block): the event index's own accounting (allocated capacities of
 //! every slab, index and table, [`kvroute_core::events::EventIndex::memory_bytes`]) over
@@ -586,14 +595,23 @@ fn decide_loop(
     let mut seq = 0u64;
     let start = Instant::now();
     let mut round = 1u64;
+    // The connection's receive buffer, reused turn to turn as a gateway connection's is.
+    let mut recv: Vec<u8> = Vec::new();
     // At least one whole conversation, however short the run.
     while seq < TURNS as u64 || start.elapsed().as_secs_f64() < seconds {
         let doc = (seq / TURNS as u64 * 7919) % groups as u64;
         round += 1;
-        for turn in 1..=TURNS {
-            let body = chat_body(words, system, doc, round, turn, size);
+        // The client's work, done before the conversation (module doc).
+        let bodies: Vec<Vec<u8>> = (1..=TURNS)
+            .map(|turn| chat_body(words, system, doc, round, turn, size))
+            .collect();
+        let mut asked = Vec::with_capacity(TURNS);
+        for (turn, sent) in (1..=TURNS).zip(&bodies) {
+            // The body arrives: the kernel's receive copies it into the connection's buffer.
+            recv.clear();
+            recv.extend_from_slice(sent);
             let timed = crate::decision_bench::timed_decision(
-                tokenizers, router, fleet, &body, seq, &mut rng,
+                tokenizers, router, fleet, &recv, seq, &mut rng,
             )?;
             seq += 1;
             // Untimed: this turn's record replayed before the next turn (module doc).
@@ -606,17 +624,21 @@ fn decide_loop(
             d.early_scan.record(timed.early_scan.max(1))?;
             // The floor: the body read once, as fast as the machine reads memory.
             let t = Instant::now();
-            std::hint::black_box(memchr::memchr(0xFF, std::hint::black_box(&body)));
+            std::hint::black_box(memchr::memchr(0xFF, std::hint::black_box(&recv)));
             d.body_read.record((t.elapsed().as_nanos() as u64).max(1))?;
             let decision = &timed.stages[1..crate::decision_bench::DECISION_STAGES];
             d.from_ids.record(decision.iter().sum::<u64>().max(1))?;
             for (h, ns) in d.stages.iter_mut().zip(timed.stages) {
                 h.record(ns)?;
             }
-            // The index lookup alone, untimed above: the same facts on a fresh snapshot.
-            let facts = router.request(&timed.key);
-            let view = fleet.snapshot(&timed.key.model, &[], seq - 1);
-            let snap = view.snapshot(seq - 1, seq - 1);
+            asked.push((seq - 1, timed.key));
+        }
+        // The index lookup alone, untimed above: each turn's facts on a fresh snapshot of the
+        // whole fleet, once the conversation is over (module doc).
+        for (at, key) in &asked {
+            let facts = router.request(key);
+            let view = fleet.snapshot(&key.model, &[], *at);
+            let snap = view.snapshot(*at, *at);
             let t = Instant::now();
             let ov = router.overlaps(&snap, &facts);
             d.lookup.record((t.elapsed().as_nanos() as u64).max(1))?;
