@@ -352,6 +352,7 @@ impl Published {
     }
 
     /// The last published words.
+    #[inline]
     fn load(&self) -> [u64; WORDS] {
         loop {
             let s1 = self.seq.load(AtomicOrdering::Acquire);
@@ -559,6 +560,7 @@ impl ActiveLoad {
     }
 
     /// The view a policy reads at `now_ms`, from the last published state: no lock.
+    #[inline]
     pub fn view(&self, now_ms: f64) -> ActiveView {
         let w = self.published.load();
         let f = f64::from_bits;
