@@ -47,6 +47,9 @@ fn short_fleet_reports_real_values() {
         ids["max_ns"].as_f64().unwrap(),
     );
     assert!(ids_p50 > 0.0 && ids_p50 <= p50 && ids_max <= max, "{ids}");
+    // The index lookup alone is timed after each conversation, once for each of its timed
+    // turns: none lost, none twice.
+    assert_eq!(report["index_lookup"]["count"], report["decisions"]);
     // What the gateway does after the worker's response head (the turn's chat-prefix
     // inserts, the record) is timed as its own stage, outside the whole: every turn has one.
     let after_head = report["stages_p50_ns"]["after_head"].as_u64();
