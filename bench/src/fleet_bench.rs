@@ -48,8 +48,8 @@
 //!   kernel's receive copies it) and its early reads are scanned. The client's work, each
 //!   turn's JSON built and serialized (~1 MB of writes at 32k), is done before a
 //!   conversation's first turn, as a client on another machine does it: made between turns,
-//!   it evicted the decision's lines and read as ~30 % of its p50
-//!   (perf/runs/2026-12-07-client-work).
+//!   it evicted the decision's lines (the same router code reads 0.65× the p50 without it,
+//!   perf/runs/2026-12-07-client-work).
 //!   Each timed decision is followed by the in-run baseline `body_read`: the body scanned
 //!   once (`memchr`), the least any decision that reads the body costs on this machine at
 //!   this moment (a ratio to it survives the host's speed changing run to run). After a

@@ -1,3 +1,6 @@
+// Scratch program of perf/runs/2026-12-07-host-floor (not built by the workspace): copy to
+// bench/examples/, add `mimalloc.workspace = true` to bench's [dev-dependencies], then
+// `cargo run --release -p kvroute-bench --example enc_micro`.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::time::Instant;
