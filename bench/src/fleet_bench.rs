@@ -38,11 +38,11 @@
 //!   What the gateway does after the worker's response head follows, timed as the stage
 //!   `after_head` and not in the whole: the chat-prefix entries cached and the record (one
 //!   copy of each tree; the index writer thread replays it on the other, as the gateway's
-//!   `kv-index`, `Router::catch_up`). Turns 2.. are timed
-//!   into an hdrhistogram (p50, p99, max); turn 1 (a cold tokenization of the whole
-//!   document, ms at 32k) is reported apart, and so is the decision from token ids
-//!   (`from_ids`: the decision's stages after parse and tokenize, as a router whose clients
-//!   send token ids would run).
+//!   `kv-index`, `Router::catch_up`). Turns 2.. are timed into an hdrhistogram (p50, p99,
+//!   max; and by turn, `by_turn`: turn 2 follows a cold first turn); turn 1 (a cold
+//!   tokenization of the whole document, ms at 32k) is reported apart, and so is the decision
+//!   from token ids (`from_ids`: the decision's stages after parse and tokenize, as a router
+//!   whose clients send token ids would run).
 //!   Between two timed turns this thread does only what a gateway's shard does between two
 //!   requests: the body arrives (copied into the connection's reused receive buffer, as the
 //!   kernel's receive copies it) and its early reads are scanned. The client's work, each
@@ -504,6 +504,8 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
         "ingest_block_events_per_s": per_core,
         "decisions": d.whole.len(),
         "turn1": q(&d.turn1),
+        // Entry i is turn i + 2.
+        "by_turn": d.by_turn.iter().map(q).collect::<Vec<_>>(),
         "index_lookup": q(&d.lookup),
         "from_ids": q(&d.from_ids),
         "body_read": q(&d.body_read),
@@ -555,6 +557,8 @@ pub fn run(args: &FleetArgs) -> Result<Value, BoxError> {
 struct Decisions {
     whole: Histogram<u64>,
     turn1: Histogram<u64>,
+    /// `whole` by turn, turns 2..=[`TURNS`] (turn 2 follows turn 1's cold tokenization).
+    by_turn: Vec<Histogram<u64>>,
     lookup: Histogram<u64>,
     /// The decision after the body is parsed and tokenized: facts (block keys), decide,
     /// book.
@@ -583,6 +587,7 @@ fn decide_loop(
     let mut d = Decisions {
         whole: histogram(),
         turn1: histogram(),
+        by_turn: (2..=TURNS).map(|_| histogram()).collect(),
         lookup: histogram(),
         body_read: histogram(),
         early_scan: histogram(),
@@ -621,6 +626,7 @@ fn decide_loop(
                 continue;
             }
             d.whole.record(timed.whole)?;
+            d.by_turn[turn - 2].record(timed.whole)?;
             d.early_scan.record(timed.early_scan.max(1))?;
             // The floor: the body read once, as fast as the machine reads memory.
             let t = Instant::now();

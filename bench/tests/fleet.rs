@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use kvroute_bench::fleet_bench::{
-    FleetArgs, IngestVerdict, MOONCAKE_BLOCK_EVENTS_PER_S_PER_WORKER, OUT_KEYS, ingest_verdict,
-    out_json, run, trace_block_events_per_s_per_worker,
+    FleetArgs, IngestVerdict, MOONCAKE_BLOCK_EVENTS_PER_S_PER_WORKER, OUT_KEYS, TURNS,
+    ingest_verdict, out_json, run, trace_block_events_per_s_per_worker,
 };
 
 const MOONCAKE: &str = concat!(
@@ -50,6 +50,21 @@ fn short_fleet_reports_real_values() {
     // The index lookup alone is timed after each conversation, once for each of its timed
     // turns: none lost, none twice.
     assert_eq!(report["index_lookup"]["count"], report["decisions"]);
+    // By turn: turns 2..=TURNS, once per conversation: as many of each, and all of them.
+    let by_turn = report["by_turn"].as_array().expect("an array");
+    assert_eq!(by_turn.len(), TURNS - 1);
+    let counts: Vec<u64> = by_turn
+        .iter()
+        .map(|t| t["count"].as_u64().unwrap())
+        .collect();
+    assert!(
+        counts.iter().all(|&c| c == counts[0] && c >= 1),
+        "{counts:?}"
+    );
+    assert_eq!(
+        counts.iter().sum::<u64>(),
+        report["decisions"].as_u64().unwrap()
+    );
     // What the gateway does after the worker's response head (the turn's chat-prefix
     // inserts, the record) is timed as its own stage, outside the whole: every turn has one.
     let after_head = report["stages_p50_ns"]["after_head"].as_u64();
