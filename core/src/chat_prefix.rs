@@ -352,7 +352,7 @@ pub(crate) fn candidates(body: &[u8]) -> Vec<(usize, u128)> {
 /// the bytes once, plus one xxh3 finalization (~40 ns) per candidate end, all of them while
 /// the body arrives, not only the last [`MAX_PROBES`] (a content dense in `},` costs one per
 /// pair; bounded by the body limit).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct PrefixScanner {
     hasher: XxHash3_128,
     /// Bytes hashed so far (the hasher is at `body[..hashed]`).
@@ -363,6 +363,13 @@ pub struct PrefixScanner {
     pending: Option<usize>,
     /// The last [`MAX_PROBES`] candidate ends and their hashes, ascending.
     ends: std::collections::VecDeque<(usize, u128)>,
+}
+
+/// [`PrefixScanner::new`]: one way to make a scanner, with its ring made at once.
+impl Default for PrefixScanner {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl std::fmt::Debug for PrefixScanner {
@@ -381,8 +388,11 @@ impl PrefixScanner {
     /// decision waits for.
     pub fn new() -> Self {
         Self {
+            hasher: XxHash3_128::default(),
+            hashed: 0,
+            scanned: 0,
+            pending: None,
             ends: std::collections::VecDeque::with_capacity(MAX_PROBES),
-            ..Self::default()
         }
     }
 
