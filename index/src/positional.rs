@@ -1463,12 +1463,7 @@ impl Depths {
             .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.take()))
             .ok()
             .flatten()
-            .unwrap_or_else(|| Depths {
-                first: Vec::new(),
-                runs: Vec::new(),
-                by_word: Vec::new(),
-                word_start: Vec::new(),
-            });
+            .unwrap_or_default();
         d.first.clear();
         d.first.resize(words, 0);
         d.runs.clear();
