@@ -46,7 +46,7 @@ use crate::CoreError;
 use crate::ids::TokenIds;
 use crate::route_key::{Endpoint, Messages, RouteKey, TokenSource, key_from_fields, parse_fields};
 use crate::tokens::{Attached, BlockKeyMemo, BlockKeys, ShardTokenizers};
-use kvroute_tokenize::native::{self, PlainMessage, RenderOptions};
+use kvroute_tokenize::native::{self, PlainMessage, RenderOptions, skip_string, skip_ws};
 use kvroute_tokenize::{IncrementalTokenizer, TokenizeError};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -267,6 +267,7 @@ impl ChatCache {
             let p = Arc::clone(p);
             *tick = self.next_tick;
             self.stamp(hash);
+            self.trim();
             self.hits += 1;
             return Some(p);
         }
@@ -298,13 +299,19 @@ impl ChatCache {
                 evicted.push(old);
             }
         }
+        self.trim();
     }
 
     /// Appends the record of `hash`'s entry, just stamped with `next_tick`, and moves the
-    /// tick on; drops the stale records when they outnumber the live ones (invariant 1).
+    /// tick on.
     fn stamp(&mut self, hash: u128) {
         self.order.push_back((self.next_tick, hash));
         self.next_tick += 1;
+    }
+
+    /// Drops the stale records when they outnumber the live ones (invariant 1), once a call's
+    /// appends and evictions are done.
+    fn trim(&mut self) {
         if self.order.len() > 2 * self.entries.len() + COMPACT_SLACK {
             let entries = &self.entries;
             self.order
@@ -475,28 +482,6 @@ impl PrefixScanner {
 /// The xxh3-128 hash of `bytes` (what [`candidates`] computes for a prefix).
 fn prefix_hash(bytes: &[u8]) -> u128 {
     XxHash3_128::oneshot(bytes)
-}
-
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
-    while matches!(b.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-        i += 1;
-    }
-    i
-}
-
-/// Past the string starting at `b[i] == '"'`.
-fn skip_string(b: &[u8], i: usize) -> Option<usize> {
-    let mut j = i + 1;
-    loop {
-        j += memchr::memchr2(b'"', b'\\', &b[j..])?;
-        if b[j] == b'"' {
-            return Some(j + 1);
-        }
-        j += 2;
-        if j > b.len() {
-            return None;
-        }
-    }
 }
 
 /// Past the JSON value starting at `b[i]` (structure only: strings, nesting, and scalars up to

@@ -1027,6 +1027,7 @@ impl EventIndex {
                 depth,
                 runs,
                 hint,
+                spare: _,
             } = s;
             first.resize(nw, 0);
             depth.resize(depth.len().max(nw * 64), 0);
@@ -1071,7 +1072,7 @@ impl EventIndex {
             let memo = &self.shared.memo;
             let found = memo.recall(keys, &mut s.hint);
             let hint = found.is_some().then_some(s.hint.as_slice());
-            let d = self.depths_hinted(keys, hint, &mut s.words);
+            let d = self.depths_hinted(keys, hint, &mut s.words, s.spare.take());
             memo.remember(keys, &d.runs, found.map(|len| (len, s.hint.as_slice())));
             d
         })
@@ -1080,10 +1081,16 @@ impl EventIndex {
     /// [`Self::find_depths`] starting from the depths `hint` (runs as [`Depths::runs`],
     /// any depths in 1..=keys.len(), repeated words allowed): the same answer whatever the
     /// hint says.
-    fn depths_hinted(&self, keys: &[u64], hint: Option<&[Run]>, words: &mut Vec<u64>) -> Depths {
+    fn depths_hinted(
+        &self,
+        keys: &[u64],
+        hint: Option<&[Run]>,
+        words: &mut Vec<u64>,
+        spare: Option<Depths>,
+    ) -> Depths {
         let nw = self.table.words();
         // Room for the hint's runs and a few that moved, so the answer rarely regrows.
-        let mut d = Depths::empty(nw, hint.map_or(0, <[Run]>::len) + 16);
+        let mut d = Depths::empty(spare, nw, hint.map_or(0, <[Run]>::len) + 16);
         if keys.is_empty() {
             return d;
         }
@@ -1248,6 +1255,11 @@ struct Scratch {
     runs: Vec<Run>,
     /// A remembered answer, copied out of the memo.
     hint: Vec<Run>,
+    /// The buffers of the last [`Depths`] this thread dropped, for its next query: a
+    /// decision's query then allocates nothing (its four buffers were ~1.5 % of the samples
+    /// of a 4,096-worker × 32k-token decision; the decide stage measured 0.96× with this,
+    /// perf/runs/2026-12-07-decision-trims).
+    spare: Option<Depths>,
 }
 
 /// `f` on the thread's scratch (a fresh one if the thread's is in use: a query inside a
@@ -1427,24 +1439,17 @@ pub struct Depths {
     word_start: Vec<u32>,
 }
 
-thread_local! {
-    /// The buffers of the last [`Depths`] this thread dropped, for its next query: a
-    /// decision's query then allocates nothing (its four buffers were ~1.5 % of the samples
-    /// of a 4,096-worker × 32k-token decision; the decide stage measured 0.96× with this,
-    /// perf/runs/2026-12-07-decision-trims).
-    static SPARE_DEPTHS: RefCell<Option<Depths>> = const { RefCell::new(None) };
-}
-
 impl Drop for Depths {
-    /// Leaves the buffers for this thread's next query ([`Depths::empty`]), unless the
-    /// thread is exiting or already keeps some.
+    /// Leaves the buffers in the thread's [`Scratch`] for its next query
+    /// ([`Depths::empty`]), unless the thread is exiting, its scratch is in use, or it
+    /// already keeps some.
     fn drop(&mut self) {
         // Moved only into an empty spare: a `Depths` left over is never dropped here again.
-        let _ = SPARE_DEPTHS.try_with(|s| {
+        let _ = SCRATCH.try_with(|s| {
             if let Ok(mut s) = s.try_borrow_mut()
-                && s.is_none()
+                && s.spare.is_none()
             {
-                *s = Some(Depths {
+                s.spare = Some(Depths {
                     first: std::mem::take(&mut self.first),
                     runs: std::mem::take(&mut self.runs),
                     by_word: std::mem::take(&mut self.by_word),
@@ -1456,14 +1461,10 @@ impl Drop for Depths {
 }
 
 impl Depths {
-    /// No holders over `words` worker words, with room for `runs` runs: the thread's spare
-    /// buffers when it has some (cleared), else new ones.
-    fn empty(words: usize, runs: usize) -> Self {
-        let mut d = SPARE_DEPTHS
-            .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.take()))
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+    /// No holders over `words` worker words, with room for `runs` runs, in `spare`'s
+    /// buffers (cleared) when given, else new ones.
+    fn empty(spare: Option<Depths>, words: usize, runs: usize) -> Self {
+        let mut d = spare.unwrap_or_default();
         d.first.clear();
         d.first.resize(words, 0);
         d.runs.clear();
@@ -2675,7 +2676,7 @@ mod tests {
             PROBES.with(|p| p.set(0));
             let d = ix.find_depths(keys);
             let n = PROBES.with(|p| p.get());
-            assert_eq!(d, ix.depths_hinted(keys, None, &mut Vec::new()));
+            assert_eq!(d, ix.depths_hinted(keys, None, &mut Vec::new(), None));
             assert_eq!(d.overlap().0, r.find_matches(keys));
             (d, n)
         };
@@ -2957,7 +2958,7 @@ mod tests {
                                 .iter()
                                 .map(|&(b, w, set)| (b % n as u32 + shift, w, set))
                                 .collect();
-                            prop_assert_eq!(&ix.depths_hinted(&keys, Some(&hint), &mut Vec::new()), &d);
+                            prop_assert_eq!(&ix.depths_hinted(&keys, Some(&hint), &mut Vec::new(), None), &d);
                         }
                         other = d.runs().to_vec();
                         prop_assert_eq!(&d.overlap(), &found);

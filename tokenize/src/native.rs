@@ -105,14 +105,15 @@ impl<'a> PlainMessage<'a> {
         let (mut role, mut content) = (None, None);
         loop {
             at = skip_ws(json, at + 1);
-            let (key, next) = json_string(json, at)?;
-            let field = match &*key {
+            // Keys with escapes are serde's to read (`"rol\u0065"` is `role`).
+            let (Cow::Borrowed(key), next) = json_string(json, at)? else {
+                return None;
+            };
+            let field = match key {
                 "role" if role.is_none() => &mut role,
                 "content" if content.is_none() => &mut content,
                 _ => return None,
             };
-            // Keys with escapes are serde's to read (`"rol\u0065"` is `role`).
-            matches!(key, Cow::Borrowed(_)).then_some(())?;
             at = skip_ws(json, next);
             (json.get(at) == Some(&b':')).then_some(())?;
             let (value, next) = json_string(json, skip_ws(json, at + 1))?;
@@ -151,8 +152,9 @@ impl<'a> PlainMessage<'a> {
 }
 
 /// The first byte at or after `at` that is not JSON whitespace (RFC 8259: space, tab, line
-/// feed, carriage return); `json.len()` when none is.
-fn skip_ws(json: &[u8], mut at: usize) -> usize {
+/// feed, carriage return); `json.len()` when none is. Shared with the router's body scan
+/// (`kvroute_core::chat_prefix`).
+pub fn skip_ws(json: &[u8], mut at: usize) -> usize {
     while let Some(b' ' | b'\t' | b'\n' | b'\r') = json.get(at) {
         at += 1;
     }
@@ -173,21 +175,27 @@ fn json_string(json: &[u8], at: usize) -> Option<(Cow<'_, str>, usize)> {
         (raw.iter().fold(u8::MAX, |m, &b| m.min(b)) >= 0x20).then_some(())?;
         return Some((Cow::Borrowed(std::str::from_utf8(raw).ok()?), at + stop + 2));
     }
-    // Escapes: find the closing quote (an escape's next byte is never it), then let serde
-    // unescape the string alone.
-    let mut i = stop;
-    while i < body.len() {
-        match body[i] {
-            b'\\' => i += 2,
-            b'"' => {
-                let end = at + 1 + i + 1;
-                let s: String = serde_json::from_slice(&json[at..end]).ok()?;
-                return Some((Cow::Owned(s), end));
-            }
-            _ => i += 1,
+    // Escapes: serde unescapes the string alone.
+    let end = skip_string(json, at)?;
+    let s: String = serde_json::from_slice(&json[at..end]).ok()?;
+    Some((Cow::Owned(s), end))
+}
+
+/// Just past the JSON string starting at `json[at] == '"'` (an escape's next byte never ends
+/// it); `None` when it is not closed. Structure only: the escapes are not checked. Shared
+/// with the router's body scan (`kvroute_core::chat_prefix`).
+pub fn skip_string(json: &[u8], at: usize) -> Option<usize> {
+    let mut j = at + 1;
+    loop {
+        j += memchr::memchr2(b'"', b'\\', &json[j..])?;
+        if json[j] == b'"' {
+            return Some(j + 1);
+        }
+        j += 2;
+        if j > json.len() {
+            return None;
         }
     }
-    None
 }
 
 /// What the template reads besides the messages.
