@@ -7,6 +7,7 @@
 //! - [`state::Shared`]: what all shards and background threads share.
 //! - [`message::Request`] / [`message::ResponseSink`]: the protocol-neutral exchange.
 //! - [`upstream::Pool`]: one shard's idle worker connections.
+//! - [`alloc::RecentFirst`]: the `kvroute` binary's global allocator.
 //!
 //! A request reads top to bottom in [`exchange`]: a transport ([`http1::server`]) parses it
 //! → routing key and token ids (`kvroute_core::tokens::ShardTokenizers::route`: the chat
@@ -16,6 +17,7 @@
 //! [`http1`] → [`exchange`] → [`message`]; the exchange never imports a transport.
 
 pub mod admin;
+pub mod alloc;
 pub mod conn;
 pub mod discovery;
 pub mod error;

@@ -16,7 +16,7 @@ mod simulate;
 use std::path::PathBuf;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: kvroute_io::alloc::RecentFirst = kvroute_io::alloc::RecentFirst;
 
 /// kvroute: a KV-cache-aware router for LLM inference fleets.
 #[derive(Parser, Debug)]
