@@ -82,6 +82,17 @@ const fn slots(c: usize) -> usize {
     if by_bytes < SLOTS { by_bytes } else { SLOTS }
 }
 
+/// [`slots`] of every class, read by `push` (a division per free otherwise).
+const SLOTS_OF: [u8; CLASSES] = {
+    let mut t = [0; CLASSES];
+    let mut c = 0;
+    while c < CLASSES {
+        t[c] = slots(c) as u8;
+        c += 1;
+    }
+    t
+};
+
 /// The size class of a request of `layout` and its block size in bytes (≥ `layout.size()`),
 /// or `None` when blocks of that layout are not kept (more than [`MAX_BYTES`], or an
 /// alignment above 16).
@@ -185,7 +196,7 @@ fn push(c: usize, p: *mut u8) -> bool {
         // SAFETY: see `ReturnAtExit::drop`.
         let s = unsafe { &mut *s.get() };
         let n = usize::from(s.len[c]);
-        if s.closed || n >= slots(c) {
+        if s.closed || n >= usize::from(SLOTS_OF[c]) {
             return false;
         }
         s.blocks[c][n] = p;
@@ -357,6 +368,9 @@ mod tests {
         assert_eq!(MAX_CACHED_BYTES, 224_256);
         assert_eq!(slots(0), SLOTS);
         assert_eq!(slots(CLASSES - 1), 2);
+        for c in 0..CLASSES {
+            assert_eq!(usize::from(SLOTS_OF[c]), slots(c), "class {c}");
+        }
     }
 
     #[test]
