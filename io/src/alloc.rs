@@ -368,8 +368,8 @@ mod tests {
         assert_eq!(MAX_CACHED_BYTES, 224_256);
         assert_eq!(slots(0), SLOTS);
         assert_eq!(slots(CLASSES - 1), 2);
-        for c in 0..CLASSES {
-            assert_eq!(usize::from(SLOTS_OF[c]), slots(c), "class {c}");
+        for (c, &n) in SLOTS_OF.iter().enumerate() {
+            assert_eq!(usize::from(n), slots(c), "class {c}");
         }
     }
 
