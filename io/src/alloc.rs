@@ -39,8 +39,8 @@ use std::cell::UnsafeCell;
 /// candidates' snapshot (~26 loads of 192 bytes, 4,992 bytes).
 pub const MAX_BYTES: usize = 8192;
 
-/// Most blocks kept per class (invariant 2): a decision allocates at most ~4 blocks of any
-/// one class at once (the count above).
+/// Most blocks kept per class (invariant 2): a warm decision allocates at most 5 blocks of
+/// one class (32 bytes; its allocation sites: perf/runs/2026-12-07-recent-first).
 pub const SLOTS: usize = 8;
 
 /// Most bytes kept per class (invariant 2): the larger classes keep fewer blocks.
