@@ -393,17 +393,22 @@ fn client_errors_431_413_400() {
     );
     assert_eq!(r.status, 413);
     error_of(&r);
-    // Its head was read: the answer and the request's record name it.
+    // Its head was read: the answer and the request's record name it (counted once the
+    // response went out, which the client may see first: the scrape waits, 2 s at most).
     assert_eq!(r.header("x-request-id"), Some("rid-413"));
-    let metrics = get(addr, "/metrics").text();
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("kvroute_requests_total{")
+    let counted = |m: &str| {
+        m.lines().any(|l| {
+            l.starts_with("kvroute_requests_total{")
                 && l.contains("route=\"/v1/completions\"")
-                && l.contains("status=\"413\"")),
-        "{metrics}"
-    );
+                && l.contains("status=\"413\"")
+        })
+    };
+    let mut metrics = String::new();
+    wait_until(Duration::from_secs(2), || {
+        metrics = get(addr, "/metrics").text();
+        counted(&metrics)
+    });
+    assert!(counted(&metrics), "{metrics}");
     let chunked = format!(
         "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n800\r\n{}\r\n0\r\n\r\n",
         "a".repeat(2048)
@@ -786,14 +791,18 @@ fn client_leaving_before_the_response_head_cancels_the_upstream_request_b41() {
         .workers
         .loads()
         == vec![0]));
-    // Counted as the client's (status 0), not as an error of the worker.
-    let metrics = get(gw.local_addr(), "/metrics").text();
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("kvroute_requests_total{") && l.contains("status=\"0\"")),
-        "{metrics}"
-    );
+    // Counted as the client's (status 0), not as an error of the worker; counted when the
+    // request's record is dropped, which the scrape waits for (2 s at most).
+    let counted = |m: &str| {
+        m.lines()
+            .any(|l| l.starts_with("kvroute_requests_total{") && l.contains("status=\"0\""))
+    };
+    let mut metrics = String::new();
+    wait_until(Duration::from_secs(2), || {
+        metrics = get(gw.local_addr(), "/metrics").text();
+        counted(&metrics)
+    });
+    assert!(counted(&metrics), "{metrics}");
     assert!(
         !metrics.contains("kvroute_worker_errors_total{"),
         "{metrics}"
@@ -868,10 +877,9 @@ fn invented_model_names_grow_neither_the_metrics_nor_the_indexes() {
         );
         assert_eq!(r.status, 200, "{}", r.text());
     }
-    let metrics = get(addr, "/metrics").text();
-    assert!(!metrics.contains("junk-"), "{metrics}");
-    // The summed value of the `kvroute_requests_total` lines holding every one of `labels`.
-    let requests = |labels: &[&str]| -> f64 {
+    // The summed value of the `kvroute_requests_total` lines of `metrics` holding every one
+    // of `labels`.
+    let requests = |metrics: &str, labels: &[&str]| -> f64 {
         metrics
             .lines()
             .filter(|l| l.starts_with("kvroute_requests_total{"))
@@ -880,16 +888,19 @@ fn invented_model_names_grow_neither_the_metrics_nor_the_indexes() {
             .sum()
     };
     let unlisted = format!("model=\"{}\"", kvroute_io::record::UNLISTED_MODEL);
-    assert_eq!(
-        requests(&[&unlisted, "status=\"404\""]),
-        invented as f64,
-        "{metrics}"
-    );
-    assert_eq!(
-        requests(&["model=\"qwen3-sim\"", "status=\"200\""]),
-        2.0,
-        "{metrics}"
-    );
+    let junk = [unlisted.as_str(), "status=\"404\""];
+    let real = ["model=\"qwen3-sim\"", "status=\"200\""];
+    // A request is counted when its record is dropped, after the last byte of its response
+    // went out: the client can read a response before it is counted, so the scrape is
+    // repeated (for at most 2 s) until every request shows.
+    let mut metrics = String::new();
+    wait_until(Duration::from_secs(2), || {
+        metrics = get(addr, "/metrics").text();
+        requests(&metrics, &real) >= 2.0 && requests(&metrics, &junk) >= invented as f64
+    });
+    assert!(!metrics.contains("junk-"), "{metrics}");
+    assert_eq!(requests(&metrics, &junk), invented as f64, "{metrics}");
+    assert_eq!(requests(&metrics, &real), 2.0, "{metrics}");
     // The served model has its indexes; the invented ones none (checked above: no `junk-`).
     assert!(
         metrics.contains("kvroute_index_size{index=\"tree_chars\",model=\"qwen3-sim\"}"),
