@@ -197,17 +197,14 @@ fn cache_aware_keeps_a_conversation_and_misses_on_a_shared_system_prompt() {
     // records a hit's four counters one after the other once the client has the last byte,
     // so a scrape right after the third response may see the third hit half recorded: wait
     // (2 s at most) for the counters to balance; a real imbalance still fails below.
-    let scrape = || get(addr, "/metrics").text();
     let count = |m: &str, kind: &str| {
         metric(
             m,
             &format!("kvroute_hit_tokens_total{{worker=\"{w1}\",kind=\"{kind}\"}}"),
         )
     };
-    let mut metrics = scrape();
-    wait_until(Duration::from_secs(2), || {
-        metrics = scrape();
-        let c = |k| count(&metrics, k).unwrap_or(f64::NAN);
+    let metrics = metrics_when(addr, Duration::from_secs(2), |m| {
+        let c = |k| count(m, k).unwrap_or(f64::NAN);
         c("served") == served && c("predicted") - c("served") == c("phantom") - c("unannounced")
     });
     let hit_tokens =
@@ -393,8 +390,7 @@ fn client_errors_431_413_400() {
     );
     assert_eq!(r.status, 413);
     error_of(&r);
-    // Its head was read: the answer and the request's record name it (counted once the
-    // response went out, which the client may see first: the scrape waits, 2 s at most).
+    // Its head was read: the answer and the request's record name it (`metrics_when`).
     assert_eq!(r.header("x-request-id"), Some("rid-413"));
     let counted = |m: &str| {
         m.lines().any(|l| {
@@ -403,11 +399,7 @@ fn client_errors_431_413_400() {
                 && l.contains("status=\"413\"")
         })
     };
-    let mut metrics = String::new();
-    wait_until(Duration::from_secs(2), || {
-        metrics = get(addr, "/metrics").text();
-        counted(&metrics)
-    });
+    let metrics = metrics_when(addr, Duration::from_secs(2), counted);
     assert!(counted(&metrics), "{metrics}");
     let chunked = format!(
         "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n800\r\n{}\r\n0\r\n\r\n",
@@ -791,17 +783,12 @@ fn client_leaving_before_the_response_head_cancels_the_upstream_request_b41() {
         .workers
         .loads()
         == vec![0]));
-    // Counted as the client's (status 0), not as an error of the worker; counted when the
-    // request's record is dropped, which the scrape waits for (2 s at most).
+    // Counted as the client's (status 0), not as an error of the worker (`metrics_when`).
     let counted = |m: &str| {
         m.lines()
             .any(|l| l.starts_with("kvroute_requests_total{") && l.contains("status=\"0\""))
     };
-    let mut metrics = String::new();
-    wait_until(Duration::from_secs(2), || {
-        metrics = get(gw.local_addr(), "/metrics").text();
-        counted(&metrics)
-    });
+    let metrics = metrics_when(gw.local_addr(), Duration::from_secs(2), counted);
     assert!(counted(&metrics), "{metrics}");
     assert!(
         !metrics.contains("kvroute_worker_errors_total{"),
@@ -890,13 +877,9 @@ fn invented_model_names_grow_neither_the_metrics_nor_the_indexes() {
     let unlisted = format!("model=\"{}\"", kvroute_io::record::UNLISTED_MODEL);
     let junk = [unlisted.as_str(), "status=\"404\""];
     let real = ["model=\"qwen3-sim\"", "status=\"200\""];
-    // A request is counted when its record is dropped, after the last byte of its response
-    // went out: the client can read a response before it is counted, so the scrape is
-    // repeated (for at most 2 s) until every request shows.
-    let mut metrics = String::new();
-    wait_until(Duration::from_secs(2), || {
-        metrics = get(addr, "/metrics").text();
-        requests(&metrics, &real) >= 2.0 && requests(&metrics, &junk) >= invented as f64
+    // Counted once each record is dropped (`metrics_when`): until every request shows.
+    let metrics = metrics_when(addr, Duration::from_secs(2), |m| {
+        requests(m, &real) >= 2.0 && requests(m, &junk) >= invented as f64
     });
     assert!(!metrics.contains("junk-"), "{metrics}");
     assert_eq!(requests(&metrics, &junk), invented as f64, "{metrics}");

@@ -179,6 +179,23 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// The gateway's `/metrics` text once `ready` holds for it, scraped every 10 ms for at most
+/// `limit`; the last scrape when it never does (the caller's assertions then fail on it).
+/// For counters a request's record adds when it is dropped, after its response's last byte
+/// went out: a client can read the response and scrape before that.
+pub fn metrics_when(
+    addr: SocketAddr,
+    limit: Duration,
+    mut ready: impl FnMut(&str) -> bool,
+) -> String {
+    let mut text = String::new();
+    wait_until(limit, || {
+        text = get(addr, "/metrics").text();
+        ready(&text)
+    });
+    text
+}
+
 /// The value of a Prometheus sample whose line starts with `prefix` (name and labels).
 pub fn metric(text: &str, prefix: &str) -> Option<f64> {
     text.lines()
